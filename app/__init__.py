@@ -1,0 +1,1 @@
+"""The support dashboard: FastAPI service, storage and the review queue."""

@@ -1,0 +1,236 @@
+"""The message contracts of ChatLens, defined once and imported by `pipeline/` and `app/`.
+
+Every message on a ChatLens Pub/Sub topic is one of these models serialised as JSON.
+Validation is strict (unknown fields, wrong types and out-of-range values are rejected)
+and limits reject with a reason; nothing is ever truncated silently. `parse_window` and
+`parse_message` turn raw Pub/Sub bytes into a model or a `ContractError` whose message
+is short enough to travel in a dead letter.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timezone
+from enum import Enum
+from typing import Annotated, Literal
+
+from pydantic import (
+    AwareDatetime,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    ValidationError,
+    model_validator,
+)
+
+SCHEMA_VERSION = 1
+
+MAX_MESSAGE_TEXT_CHARS = 8_000
+MAX_WINDOW_MESSAGES = 200
+MAX_WINDOW_TEXT_BYTES = 64 * 1024
+MAX_SUMMARY_CHARS = 512
+MAX_REPLY_CHARS = 2_000
+MAX_ERROR_CHARS = 2_000
+MAX_PAYLOAD_BYTES = 10 * 1024 * 1024  # Pub/Sub's own message size limit.
+
+Identifier = Annotated[
+    str, StringConstraints(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:@-]*$")
+]
+"""Ids travel in Pub/Sub attributes, URLs and database keys: keep them plain ASCII."""
+
+LanguageTag = Annotated[str, StringConstraints(pattern=r"^[a-z]{2,3}(-[A-Za-z0-9]{2,8})*$")]
+
+
+class Sender(str, Enum):
+    customer = "customer"
+    agent = "agent"
+    bot = "bot"
+
+
+class Sentiment(int, Enum):
+    negative = -1
+    neutral = 0
+    positive = 1
+
+
+class _Contract(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid",
+        strict=True,
+        frozen=True,
+        ser_json_bytes="base64",
+        val_json_bytes="base64",
+        use_enum_values=False,
+    )
+
+
+class ChatMessage(_Contract):
+    """One message of a chat; the input of the message-stream mode."""
+
+    schema_version: Literal[1] = SCHEMA_VERSION
+    chat_id: Identifier
+    message_id: Identifier
+    sender: Sender
+    user_id: Identifier
+    text: Annotated[str, StringConstraints(max_length=MAX_MESSAGE_TEXT_CHARS)]
+    sent_at: AwareDatetime
+
+
+class ChatWindow(_Contract):
+    """A chat (or the part of it seen so far) to analyse: the main pipeline input."""
+
+    schema_version: Literal[1] = SCHEMA_VERSION
+    chat_id: Identifier
+    window_id: Identifier
+    tenant: Identifier | None = None
+    language: LanguageTag | None = None
+    customer_id: Identifier
+    messages: Annotated[list[ChatMessage], Field(min_length=1, max_length=MAX_WINDOW_MESSAGES)]
+    closed: bool = False
+
+    @model_validator(mode="after")
+    def _check_messages(self) -> ChatWindow:
+        for index, message in enumerate(self.messages):
+            if message.chat_id != self.chat_id:
+                raise ValueError(
+                    f"messages[{index}] belongs to chat {message.chat_id!r}, not {self.chat_id!r}"
+                )
+            if index and message.sent_at < self.messages[index - 1].sent_at:
+                raise ValueError(f"messages[{index}] is older than the message before it")
+        size = sum(len(m.text.encode("utf-8")) for m in self.messages)
+        if size > MAX_WINDOW_TEXT_BYTES:
+            raise ValueError(f"chat text is {size} bytes, more than the {MAX_WINDOW_TEXT_BYTES} allowed")
+        if not any(m.text.strip() for m in self.messages):
+            raise ValueError("chat has no text to analyse")
+        return self
+
+
+class SentimentScores(_Contract):
+    """Calibrated probability of each sentiment label; they sum to 1."""
+
+    negative: Annotated[float, Field(ge=0.0, le=1.0)]
+    neutral: Annotated[float, Field(ge=0.0, le=1.0)]
+    positive: Annotated[float, Field(ge=0.0, le=1.0)]
+
+    @model_validator(mode="after")
+    def _check_sum(self) -> SentimentScores:
+        total = self.negative + self.neutral + self.positive
+        if abs(total - 1.0) > 1e-3:
+            raise ValueError(f"sentiment probabilities sum to {total:.4f}, not 1")
+        return self
+
+    def label(self) -> Sentiment:
+        ranked = {Sentiment.negative: self.negative, Sentiment.neutral: self.neutral,
+                  Sentiment.positive: self.positive}
+        return max(ranked, key=ranked.__getitem__)
+
+
+class ChatInsight(_Contract):
+    """What ChatLens concluded about one chat window: published to the results topic."""
+
+    schema_version: Literal[1] = SCHEMA_VERSION
+    chat_id: Identifier
+    window_id: Identifier
+    tenant: Identifier | None = None
+    language: LanguageTag | None = None
+    customer_id: Identifier
+    closed: bool = False
+    sentiment: Sentiment
+    confidence: Annotated[float, Field(ge=0.0, le=1.0)]
+    scores: SentimentScores
+    summary: Annotated[str, StringConstraints(min_length=1, max_length=MAX_SUMMARY_CHARS)]
+    reply_draft: Annotated[str, StringConstraints(min_length=1, max_length=MAX_REPLY_CHARS)] | None
+    flags: list[Annotated[str, StringConstraints(max_length=64)]] = Field(default_factory=list, max_length=16)
+    model_id: Annotated[str, StringConstraints(min_length=1, max_length=200)]
+    prompt_version: Annotated[str, StringConstraints(min_length=1, max_length=64)]
+    published_at: AwareDatetime
+    analyzed_at: AwareDatetime
+    transcript: Annotated[list[ChatMessage], Field(min_length=1, max_length=MAX_WINDOW_MESSAGES)]
+
+    @model_validator(mode="after")
+    def _check_sentiment(self) -> ChatInsight:
+        if self.scores.label() != self.sentiment:
+            raise ValueError("sentiment must be the label with the highest probability")
+        return self
+
+
+class DeadLetter(_Contract):
+    """A message ChatLens could not analyse, with the reason: nothing read is ever lost."""
+
+    schema_version: Literal[1] = SCHEMA_VERSION
+    payload: Annotated[bytes, Field(max_length=MAX_PAYLOAD_BYTES)]
+    attributes: dict[str, str] = Field(default_factory=dict)
+    stage: Annotated[str, StringConstraints(min_length=1, max_length=64)]
+    error_class: Annotated[str, StringConstraints(min_length=1, max_length=200)]
+    error_message: Annotated[str, StringConstraints(max_length=MAX_ERROR_CHARS)]
+    chat_id: str | None = None
+    failed_at: AwareDatetime
+
+    @classmethod
+    def from_exception(
+        cls, payload: bytes, stage: str, error: BaseException, attributes: dict[str, str] | None = None,
+        chat_id: str | None = None,
+    ) -> DeadLetter:
+        message = str(error)
+        if len(message) > MAX_ERROR_CHARS:
+            message = message[: MAX_ERROR_CHARS - 15] + " … (shortened)"
+        return cls(
+            payload=payload,
+            attributes=dict(attributes or {}),
+            stage=stage,
+            error_class=type(error).__name__,
+            error_message=message,
+            chat_id=chat_id,
+            failed_at=datetime.now(timezone.utc),
+        )
+
+
+CONTRACTS: dict[str, type[_Contract]] = {
+    "chat_message": ChatMessage,
+    "chat_window": ChatWindow,
+    "chat_insight": ChatInsight,
+    "dead_letter": DeadLetter,
+}
+
+
+class ContractError(ValueError):
+    """Raw input that is not a valid contract message; the message says why, briefly."""
+
+
+def describe_validation_error(error: ValidationError, limit: int = 5) -> str:
+    """One line per problem, with the field path: readable in a dead letter and a log."""
+    problems = []
+    for item in error.errors(include_url=False)[:limit]:
+        where = ".".join(str(part) for part in item["loc"]) or "message"
+        problems.append(f"{where}: {item['msg']}")
+    more = error.error_count() - limit
+    if more > 0:
+        problems.append(f"and {more} more problem(s)")
+    return "; ".join(problems)
+
+
+def _parse(model: type[_Contract], data: bytes | str) -> _Contract:
+    raw = data.encode("utf-8") if isinstance(data, str) else data
+    if len(raw) > MAX_PAYLOAD_BYTES:
+        raise ContractError(f"payload is {len(raw)} bytes, more than {MAX_PAYLOAD_BYTES}")
+    try:
+        json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ContractError(f"not JSON: {error}") from None
+    try:
+        return model.model_validate_json(raw)
+    except ValidationError as error:
+        raise ContractError(f"not a valid {model.__name__}: {describe_validation_error(error)}") from None
+
+
+def parse_window(data: bytes | str) -> ChatWindow:
+    return _parse(ChatWindow, data)  # type: ignore[return-value]
+
+
+def parse_message(data: bytes | str) -> ChatMessage:
+    return _parse(ChatMessage, data)  # type: ignore[return-value]
+
+
+def to_json_bytes(model: BaseModel) -> bytes:
+    return model.model_dump_json().encode("utf-8")
