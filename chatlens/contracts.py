@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 from datetime import datetime, timezone
-from enum import Enum
 from typing import Annotated, Literal
 
 from pydantic import (
@@ -42,16 +41,10 @@ Identifier = Annotated[
 LanguageTag = Annotated[str, StringConstraints(pattern=r"^[a-z]{2,3}(-[A-Za-z0-9]{2,8})*$")]
 
 
-class Sender(str, Enum):
-    customer = "customer"
-    agent = "agent"
-    bot = "bot"
-
-
-class Sentiment(int, Enum):
-    negative = -1
-    neutral = 0
-    positive = 1
+Sender = Literal["customer", "agent", "bot"]
+Sentiment = Literal[-1, 0, 1]
+"""-1 negative (angry, unhappy), 0 neutral, 1 positive (happy)."""
+SENTIMENT_LABELS: dict[int, str] = {-1: "negative", 0: "neutral", 1: "positive"}
 
 
 class _Contract(BaseModel):
@@ -61,7 +54,6 @@ class _Contract(BaseModel):
         frozen=True,
         ser_json_bytes="base64",
         val_json_bytes="base64",
-        use_enum_values=False,
     )
 
 
@@ -121,8 +113,8 @@ class SentimentScores(_Contract):
         return self
 
     def label(self) -> Sentiment:
-        ranked = {Sentiment.negative: self.negative, Sentiment.neutral: self.neutral,
-                  Sentiment.positive: self.positive}
+        """The most probable sentiment (ties go to the more negative label: escalate, don't hide)."""
+        ranked = {-1: self.negative, 0: self.neutral, 1: self.positive}
         return max(ranked, key=ranked.__getitem__)
 
 

@@ -1,0 +1,49 @@
+"""Small, model-independent pieces of text generation: buckets, loop detection, clean-up.
+
+Kept apart from the engine so they are cheap to test and to reason about.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Sequence
+
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+LENGTH_BUCKETS = (128, 256, 384, 512, 768, 1024, 1536, 2048, 4096, 8192)
+
+
+def bucket(value: int, buckets: Sequence[int]) -> int:
+    """The smallest bucket that holds `value`: XLA compiles one program per bucket, not per size."""
+    for size in buckets:
+        if value <= size:
+            return size
+    raise ValueError(f"{value} is larger than the largest bucket {buckets[-1]}")
+
+
+def is_degenerate(token_ids: Sequence[int], text: str) -> bool:
+    """True for the usual failure of small greedy models: a phrase or line repeated in a loop."""
+    if len(token_ids) >= 12:
+        grams = Counter(tuple(token_ids[i : i + 4]) for i in range(len(token_ids) - 3))
+        if grams.most_common(1)[0][1] >= 3:
+            return True
+    sentences = [s.strip().lower() for s in re.split(r"[.!?\n]+", text) if len(s.strip()) > 8]
+    return len(sentences) != len(set(sentences))
+
+
+def cut_at_word(text: str, limit: int) -> str:
+    """At most `limit` characters, cut at a word boundary with an ellipsis when cut at all."""
+    text = " ".join(text.split())
+    if len(text) <= limit:
+        return text
+    cut = text[: limit - 1]
+    if " " in cut:
+        cut = cut[: cut.rindex(" ")]
+    return cut.rstrip(" ,;:-") + "…"
+
+
+def clean_completion(text: str, limit: int) -> str:
+    """Generated text as staff see it: one paragraph, no stray markers, within `limit`."""
+    text = re.sub(r"<(start|end)_of_turn>|<eos>|<bos>", " ", text)
+    text = text.strip().strip('"').strip()
+    return cut_at_word(text, limit)
