@@ -15,6 +15,7 @@ import sys
 # Subcommand name -> module. Add a line here to add a command.
 COMMANDS: dict[str, str] = {
     "schemas": "chatlens.schemas",
+    "eval": "pipeline.evaluate",
 }
 
 
