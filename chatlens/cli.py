@@ -15,6 +15,8 @@ import sys
 # Subcommand name -> module. Add a line here to add a command.
 COMMANDS: dict[str, str] = {
     "schemas": "chatlens.schemas",
+    "pubsub-emulator": "chatlens.pubsub.emulator",
+    "pubsub-init": "chatlens.pubsub.admin",
     "eval": "pipeline.evaluate",
 }
 

@@ -1,6 +1,6 @@
 """Write or check the JSON Schema files generated from the message contracts.
 
-The files in chatlens/schemas/ are what other teams (and other languages) read; a test
+The files in chatlens/json_schemas/ are what other teams (and other languages) read; a test
 fails when they drift from chatlens/contracts.py. Regenerate with `chatlens schemas --write`.
 """
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 from chatlens.contracts import CONTRACTS
 
-SCHEMA_DIR = Path(__file__).parent / "schemas"
+SCHEMA_DIR = Path(__file__).parent / "json_schemas"
 
 
 def render_schemas() -> dict[str, str]:

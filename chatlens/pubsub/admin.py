@@ -1,0 +1,107 @@
+"""Create the project's Pub/Sub topics and subscriptions (chatlens.config.LAYOUT).
+
+Talks to the emulator given by --emulator-host or PUBSUB_EMULATOR_HOST, or, with
+neither, to Google Cloud Pub/Sub with application-default credentials. What already
+exists counts as success, so it is safe to run at every start.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+from chatlens.config import LAYOUT, PubSubLayout, subscription_path, topic_path
+
+log = logging.getLogger(__name__)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--project", help="Google Cloud project id (default: CHATLENS_PROJECT, else chatlens-local)")
+    parser.add_argument(
+        "--emulator-host",
+        metavar="HOST:PORT",
+        help="Pub/Sub emulator to use (default: PUBSUB_EMULATOR_HOST; neither: real Pub/Sub)",
+    )
+    parser.add_argument(
+        "--timeout", type=float, default=30.0, help="seconds to wait for the emulator to answer (default 30)"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from google.api_core.exceptions import GoogleAPIError
+
+    from chatlens.config import get_settings
+    from chatlens.pubsub.emulator import wait_ready
+
+    project = args.project or get_settings().project
+    emulator = args.emulator_host or os.environ.get("PUBSUB_EMULATOR_HOST")
+    target = emulator or "Google Cloud Pub/Sub"
+    try:
+        if emulator:
+            wait_ready(emulator, args.timeout)
+        created = ensure_layout(project, emulator_host=args.emulator_host)
+    except (TimeoutError, ConnectionError, GoogleAPIError) as error:
+        print(f"pubsub-init: {error}", file=sys.stderr)
+        return 1
+    for path in created:
+        print(f"created {path}")
+    total = len(LAYOUT.topics()) + len(LAYOUT.subscriptions())
+    print(f"Pub/Sub layout of project {project} ready on {target}: {len(created)} created, {total - len(created)} existed")
+    return 0
+
+
+def ensure_layout(project: str, layout: PubSubLayout = LAYOUT, *, emulator_host: str | None = None) -> list[str]:
+    """Create `layout`'s topics, then its subscriptions, in `project`; return the paths created.
+
+    `emulator_host` defaults to PUBSUB_EMULATOR_HOST; without either, real Pub/Sub is used.
+    Existing resources are left as they are (a subscription attached to another
+    topic is only warned about: recreating it would drop its backlog).
+    """
+    from google.api_core.exceptions import AlreadyExists
+
+    publisher, subscriber = admin_clients(emulator_host)
+    created: list[str] = []
+    try:
+        for topic_id in layout.topics():
+            path = topic_path(project, topic_id)
+            try:
+                publisher.create_topic(name=path)
+                created.append(path)
+            except AlreadyExists:
+                log.debug("%s already exists", path)
+        for subscription_id, topic_id in layout.subscriptions().items():
+            path, topic = subscription_path(project, subscription_id), topic_path(project, topic_id)
+            try:
+                subscriber.create_subscription(name=path, topic=topic)
+                created.append(path)
+            except AlreadyExists:
+                attached = subscriber.get_subscription(subscription=path).topic
+                if attached != topic:
+                    log.warning("%s exists but is attached to %s, not %s", path, attached, topic)
+    finally:
+        publisher.transport.close()
+        subscriber.close()
+    return created
+
+
+def admin_clients(emulator_host: str | None = None):
+    """A (PublisherClient, SubscriberClient) pair for `emulator_host` or PUBSUB_EMULATOR_HOST.
+
+    An explicit host gets its own insecure channel, so the environment is left alone.
+    """
+    from google.cloud import pubsub_v1
+
+    if not emulator_host:
+        return pubsub_v1.PublisherClient(), pubsub_v1.SubscriberClient()
+
+    import grpc
+    from google.pubsub_v1.services.publisher.transports import PublisherGrpcTransport
+    from google.pubsub_v1.services.subscriber.transports import SubscriberGrpcTransport
+
+    publisher = pubsub_v1.PublisherClient(transport=PublisherGrpcTransport(channel=grpc.insecure_channel(emulator_host)))
+    subscriber = pubsub_v1.SubscriberClient(
+        transport=SubscriberGrpcTransport(channel=grpc.insecure_channel(emulator_host))
+    )
+    return publisher, subscriber

@@ -1,0 +1,89 @@
+"""`EmulatorServer`: the broker behind a gRPC server on one port, with a clean stop."""
+
+from __future__ import annotations
+
+import logging
+from concurrent import futures
+
+import grpc
+
+from chatlens.pubsub.service import generic_handlers
+from chatlens.pubsub.state import Broker
+
+log = logging.getLogger("chatlens.pubsub.emulator")
+
+_MAX_MESSAGE_BYTES = 32 * 1024 * 1024  # Publish requests may carry up to 10 MB of messages
+_STREAM_DRAIN_SECONDS = 2.0
+
+
+class EmulatorServer:
+    """A Pub/Sub-compatible gRPC server, in this process.
+
+    `port=0` picks a free port; `address` then tells which. `broker` holds the state
+    and can be seeded (e.g. `server.broker.create_topic(...)`) before `start()`.
+    Usable as a context manager.
+    """
+
+    def __init__(
+        self,
+        host: str = "localhost",
+        port: int = 8085,
+        *,
+        max_workers: int = 128,
+        pull_wait: float = 0.75,
+        stream_max_age: float | None = None,
+    ):
+        self.host = host
+        self.port = port
+        # Every StreamingPull holds a worker thread; keep some for unary calls.
+        self.broker = Broker(stream_max_age=stream_max_age, max_streams=max(1, max_workers - 16))
+        self._max_workers = max_workers
+        self._pull_wait = pull_wait
+        self._server: grpc.Server | None = None
+
+    @property
+    def address(self) -> str:
+        """`host:port` for PUBSUB_EMULATOR_HOST (the bound port once started)."""
+        host = f"[{self.host}]" if ":" in self.host and not self.host.startswith("[") else self.host
+        return f"{host}:{self.port}"
+
+    def start(self) -> EmulatorServer:
+        if self._server is not None:
+            raise RuntimeError("EmulatorServer already started")
+        if self.broker.closing:
+            raise RuntimeError("a stopped EmulatorServer cannot be restarted; create a new one")
+        server = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=self._max_workers, thread_name_prefix="pubsub-emulator"),
+            handlers=generic_handlers(self.broker, self._pull_wait),
+            options=[
+                ("grpc.so_reuseport", 0),  # a second emulator on a busy port must fail, not share it
+                ("grpc.max_receive_message_length", _MAX_MESSAGE_BYTES),
+                ("grpc.max_send_message_length", _MAX_MESSAGE_BYTES),
+            ],
+        )
+        try:
+            self.port = server.add_insecure_port(self.address)
+        except RuntimeError as error:
+            raise OSError(f"cannot listen on {self.address} (is the port in use?): {error}") from error
+        self.broker.start()
+        server.start()
+        self._server = server
+        log.info("Pub/Sub emulator listening on %s", self.address)
+        return self
+
+    def stop(self, grace: float | None = 1.0) -> None:
+        """End streams with UNAVAILABLE (clients reconnect), then stop serving."""
+        server, self._server = self._server, None
+        if server is None:
+            return
+        self.broker.shutdown()
+        self.broker.wait_streams_closed(_STREAM_DRAIN_SECONDS)
+        server.stop(grace).wait()
+        self.broker.close()
+        log.info("Pub/Sub emulator on %s stopped", self.address)
+
+    def __enter__(self) -> EmulatorServer:
+        return self.start()
+
+    def __exit__(self, *exc_info) -> None:
+        self.stop()

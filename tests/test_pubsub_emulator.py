@@ -1,0 +1,623 @@
+"""The Pub/Sub emulator, driven by the real google-cloud-pubsub clients over gRPC."""
+
+from __future__ import annotations
+
+import collections
+import os
+import queue
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from concurrent import futures
+from pathlib import Path
+
+import grpc
+import pytest
+from google.api_core import exceptions
+from google.cloud import pubsub_v1
+from google.protobuf import field_mask_pb2
+
+from chatlens.config import LAYOUT, subscription_path, topic_path
+from chatlens.pubsub.admin import admin_clients, ensure_layout
+from chatlens.pubsub.emulator import EmulatorServer, wait_ready
+from chatlens.pubsub.filters import compile_filter
+from chatlens.pubsub.names import EmulatorError
+from chatlens.pubsub.protos import StreamingPullRequest, StreamingPullResponse, Subscription, Topic
+
+PROJECT = "chatlens-test"
+CHATLENS = Path(sys.executable).with_name("chatlens")
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def wait_for(condition, timeout: float = 20.0, interval: float = 0.02) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(interval)
+    return condition()
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+class Clients:
+    """A publisher and a subscriber pointed at one emulator, plus naming helpers."""
+
+    def __init__(self, ordered: bool = False):
+        options = pubsub_v1.types.PublisherOptions(enable_message_ordering=ordered)
+        self.publisher = pubsub_v1.PublisherClient(publisher_options=options)
+        self.subscriber = pubsub_v1.SubscriberClient()
+
+    def topic(self) -> str:
+        return self.publisher.create_topic(name=topic_path(PROJECT, unique("topic"))).name
+
+    def subscription(self, topic: str, **settings) -> str:
+        path = subscription_path(PROJECT, unique("sub"))
+        return self.subscriber.create_subscription(request={"name": path, "topic": topic, **settings}).name
+
+    def close(self) -> None:
+        self.publisher.stop()
+        self.subscriber.close()
+
+
+@pytest.fixture
+def emulator(monkeypatch):
+    """The server object itself, for tests that look at its state."""
+    with EmulatorServer("localhost", 0) as server:
+        monkeypatch.setenv("PUBSUB_EMULATOR_HOST", server.address)
+        yield server
+
+
+@pytest.fixture
+def clients(emulator):
+    made = Clients()
+    yield made
+    made.close()
+
+
+def publish_concurrently(publisher, topic: str, count: int, threads: int = 4) -> list[str]:
+    """Publish `count` messages with attributes from `threads` threads; return the ids."""
+
+    def publish_share(worker: int) -> list[str]:
+        pending = [
+            publisher.publish(topic, f"message {n}".encode(), seq=str(n), worker=str(worker))
+            for n in range(worker, count, threads)
+        ]
+        return [future.result(timeout=30) for future in pending]
+
+    with futures.ThreadPoolExecutor(threads) as pool:
+        return [message_id for ids in pool.map(publish_share, range(threads)) for message_id in ids]
+
+
+def test_streaming_pull_receives_every_message_once(clients, emulator):
+    topic = clients.topic()
+    subscription = clients.subscription(topic)
+    count = 2000
+    seen = collections.Counter()
+    message_ids = set()
+    garbled = []
+    lock = threading.Lock()
+
+    def callback(message):
+        seq = message.attributes["seq"]
+        with lock:
+            seen[seq] += 1
+            message_ids.add(message.message_id)
+            if message.data != f"message {seq}".encode() or message.attributes["worker"] != str(int(seq) % 4):
+                garbled.append(message)
+        message.ack()
+
+    streaming = clients.subscriber.subscribe(subscription, callback)
+    try:
+        published = publish_concurrently(clients.publisher, topic, count)
+        assert len(set(published)) == count
+        assert wait_for(lambda: len(seen) == count, timeout=30)
+        assert wait_for(lambda: emulator.broker.backlog(subscription)["unacked"] == 0)
+    finally:
+        streaming.cancel()
+        streaming.result(timeout=10)
+    assert set(seen.values()) == {1}
+    assert message_ids == set(published)
+    assert not garbled
+
+
+def test_unary_pull_and_acknowledge(clients, emulator):
+    topic = clients.topic()
+    subscription = clients.subscription(topic)
+    count = 2000
+    published = publish_concurrently(clients.publisher, topic, count)
+    received = []
+    deadline = time.monotonic() + 30
+    while len(received) < count and time.monotonic() < deadline:
+        response = clients.subscriber.pull(subscription=subscription, max_messages=300, timeout=10)
+        received += [m.message for m in response.received_messages]
+        if response.received_messages:
+            clients.subscriber.acknowledge(
+                subscription=subscription, ack_ids=[m.ack_id for m in response.received_messages]
+            )
+    assert sorted(m.message_id for m in received) == sorted(published)
+    assert {m.attributes["seq"] for m in received} == {str(n) for n in range(count)}
+    assert all(m.publish_time.timestamp() > 0 for m in received)
+    assert emulator.broker.backlog(subscription)["unacked"] == 0
+    started = time.monotonic()
+    assert not clients.subscriber.pull(subscription=subscription, max_messages=10, timeout=30).received_messages
+    assert time.monotonic() - started < 5  # an empty Pull answers long before the client's deadline
+
+
+def test_publish_ids_are_in_request_order(clients):
+    topic = clients.topic()
+    subscription = clients.subscription(topic)
+    response = clients.publisher.api.publish(topic=topic, messages=[{"data": b"%d" % n} for n in range(50)])
+    pulled = clients.subscriber.pull(subscription=subscription, max_messages=100, timeout=10).received_messages
+    by_id = {m.message.message_id: m.message.data for m in pulled}
+    assert [by_id[i] for i in response.message_ids] == [b"%d" % n for n in range(50)]
+
+
+def pull_one(clients: Clients, subscription: str, timeout: float = 10.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        response = clients.subscriber.pull(subscription=subscription, max_messages=1, timeout=10)
+        if response.received_messages:
+            return response.received_messages[0]
+    raise AssertionError(f"no message on {subscription} within {timeout} s")
+
+
+def test_nack_expiry_delivery_attempts_and_dead_letter(clients):
+    topic = clients.topic()
+    dead_letter_topic = clients.topic()
+    dead_letters = clients.subscription(dead_letter_topic)
+    policy = {"dead_letter_topic": dead_letter_topic, "max_delivery_attempts": 5}
+    subscription = clients.subscription(topic, dead_letter_policy=policy)
+    plain = clients.subscription(topic)
+    clients.publisher.publish(topic, b"poison", kind="test").result(timeout=10)
+
+    first = pull_one(clients, subscription)
+    assert first.delivery_attempt == 1
+    clients.subscriber.modify_ack_deadline(subscription=subscription, ack_ids=[first.ack_id], ack_deadline_seconds=0)
+    second = pull_one(clients, subscription)
+    assert (second.delivery_attempt, second.message.message_id) == (2, first.message.message_id)
+    assert second.ack_id != first.ack_id
+
+    # Expiry: a 1 s lease that nobody extends ends in a redelivery, not before.
+    leased_at = time.monotonic()
+    clients.subscriber.modify_ack_deadline(subscription=subscription, ack_ids=[second.ack_id], ack_deadline_seconds=1)
+    third = pull_one(clients, subscription)
+    assert third.delivery_attempt == 3
+    assert time.monotonic() - leased_at >= 0.99
+
+    attempt = third
+    for expected in (4, 5):
+        clients.subscriber.modify_ack_deadline(subscription=subscription, ack_ids=[attempt.ack_id], ack_deadline_seconds=0)
+        attempt = pull_one(clients, subscription)
+        assert attempt.delivery_attempt == expected
+    clients.subscriber.modify_ack_deadline(subscription=subscription, ack_ids=[attempt.ack_id], ack_deadline_seconds=0)
+
+    forwarded = pull_one(clients, dead_letters).message
+    assert forwarded.data == b"poison"
+    assert forwarded.attributes["kind"] == "test"
+    assert forwarded.attributes["CloudPubSubDeadLetterSourceDeliveryCount"] == "5"
+    assert not clients.subscriber.pull(subscription=subscription, max_messages=1, timeout=10).received_messages
+    # Without a dead-letter policy the service leaves delivery_attempt unset.
+    assert pull_one(clients, plain).delivery_attempt == 0
+
+
+def test_streaming_nack_is_redelivered_with_attempt_count(clients):
+    topic = clients.topic()
+    dead_letter_topic = clients.topic()
+    subscription = clients.subscription(
+        topic, dead_letter_policy={"dead_letter_topic": dead_letter_topic, "max_delivery_attempts": 10}
+    )
+    attempts = []
+    done = threading.Event()
+
+    def callback(message):
+        attempts.append(message.delivery_attempt)
+        if message.delivery_attempt < 3:
+            message.nack()
+        else:
+            message.ack()
+            done.set()
+
+    streaming = clients.subscriber.subscribe(subscription, callback)
+    try:
+        clients.publisher.publish(topic, b"retry me").result(timeout=10)
+        assert done.wait(20)
+    finally:
+        streaming.cancel()
+        streaming.result(timeout=10)
+    assert attempts == [1, 2, 3]
+
+
+def test_ordering_key_one_outstanding_message_per_key(emulator):
+    ordered = Clients(ordered=True)
+    try:
+        topic = ordered.topic()
+        subscription = ordered.subscription(topic, enable_message_ordering=True)
+        pending = [
+            ordered.publisher.publish(topic, f"{key}{n}".encode(), ordering_key=key) for n in range(3) for key in "abc"
+        ]
+        for future in pending:
+            future.result(timeout=10)
+        for n in range(3):
+            pulled = ordered.subscriber.pull(subscription=subscription, max_messages=100, timeout=10).received_messages
+            assert sorted(m.message.data for m in pulled) == [f"{key}{n}".encode() for key in "abc"]
+            if n == 1:  # a nacked head blocks its key until it comes back
+                nacked = pulled[0]
+                ordered.subscriber.modify_ack_deadline(
+                    subscription=subscription, ack_ids=[nacked.ack_id], ack_deadline_seconds=0
+                )
+                again = ordered.subscriber.pull(subscription=subscription, max_messages=100, timeout=10)
+                assert [m.message.data for m in again.received_messages] == [nacked.message.data]
+                pulled = [*pulled[1:], *again.received_messages]
+            ordered.subscriber.acknowledge(subscription=subscription, ack_ids=[m.ack_id for m in pulled])
+    finally:
+        ordered.close()
+
+
+def test_ordering_keys_keep_per_key_order_when_streaming(emulator):
+    ordered = Clients(ordered=True)
+    keys, per_key = ["k1", "k2", "k3", "k4"], 40
+    acked = collections.defaultdict(list)
+    nacked_once = set()
+    lock = threading.Lock()
+
+    def callback(message):
+        key, n = message.ordering_key, int(message.data)
+        with lock:
+            if n % 15 == 7 and (key, n) not in nacked_once:
+                nacked_once.add((key, n))
+                message.nack()
+                return
+            acked[key].append(n)
+        message.ack()
+
+    try:
+        topic = ordered.topic()
+        subscription = ordered.subscription(topic, enable_message_ordering=True)
+        streaming = ordered.subscriber.subscribe(subscription, callback)
+        try:
+            for n in range(per_key):
+                for key in keys:
+                    ordered.publisher.publish(topic, str(n).encode(), ordering_key=key)
+            assert wait_for(lambda: sum(map(len, acked.values())) == len(keys) * per_key, timeout=30)
+        finally:
+            streaming.cancel()
+            streaming.result(timeout=10)
+    finally:
+        ordered.close()
+    assert {key: acked[key] for key in keys} == {key: list(range(per_key)) for key in keys}
+
+
+def test_subscribers_share_one_subscription(clients, emulator):
+    topic = clients.topic()
+    subscription = clients.subscription(topic)
+    count, consumers = 600, 3
+    acks = collections.Counter()
+    per_consumer = collections.Counter()
+    lock = threading.Lock()
+    subscribers = [pubsub_v1.SubscriberClient() for _ in range(consumers)]
+
+    def make_callback(index):
+        def callback(message):
+            time.sleep(0.002)
+            with lock:
+                acks[message.message_id] += 1
+                per_consumer[index] += 1
+            message.ack()
+
+        return callback
+
+    flow = pubsub_v1.types.FlowControl(max_messages=10)
+    streams = [s.subscribe(subscription, make_callback(i), flow_control=flow) for i, s in enumerate(subscribers)]
+    try:
+        assert wait_for(lambda: emulator.broker.backlog(subscription)["streams"] == consumers)
+        published = publish_concurrently(clients.publisher, topic, count)
+        assert wait_for(lambda: len(acks) == count, timeout=30)
+        assert wait_for(lambda: emulator.broker.backlog(subscription)["unacked"] == 0)
+    finally:
+        for stream in streams:
+            stream.cancel()
+            stream.result(timeout=10)
+        for subscriber in subscribers:
+            subscriber.close()
+    assert set(acks) == set(published)
+    assert set(acks.values()) == {1}
+    assert all(per_consumer[i] > 0 for i in range(consumers)), per_consumer
+
+
+def test_subscriber_survives_a_server_restart(monkeypatch):
+    server = EmulatorServer("localhost", 0).start()
+    monkeypatch.setenv("PUBSUB_EMULATOR_HOST", server.address)
+    port = server.port
+    topic, subscription = topic_path(PROJECT, "restart"), subscription_path(PROJECT, "restart-sub")
+    received = []
+    made = Clients()
+    replacement = None
+    try:
+        made.publisher.create_topic(name=topic)
+        made.subscriber.create_subscription(name=subscription, topic=topic)
+        streaming = made.subscriber.subscribe(subscription, lambda m: (received.append(m.data), m.ack()))
+        made.publisher.publish(topic, b"before").result(timeout=10)
+        assert wait_for(lambda: b"before" in received)
+
+        server.stop()
+        # Same port, fresh state: seed it before serving so the reconnecting stream finds its subscription.
+        replacement = EmulatorServer("localhost", port)
+        replacement.broker.create_topic(Topic(name=topic))
+        replacement.broker.create_subscription(Subscription(name=subscription, topic=topic))
+        replacement.start()
+
+        made.publisher.publish(topic, b"after").result(timeout=20)
+        assert wait_for(lambda: b"after" in received, timeout=30)
+        assert not streaming.done()
+        streaming.cancel()
+        streaming.result(timeout=10)
+    finally:
+        made.close()
+        server.stop()
+        if replacement is not None:
+            replacement.stop()
+
+
+def test_streams_closed_at_their_maximum_age_reconnect(monkeypatch):
+    with EmulatorServer("localhost", 0, stream_max_age=1.0) as server:
+        monkeypatch.setenv("PUBSUB_EMULATOR_HOST", server.address)
+        made = Clients()
+        try:
+            topic = made.topic()
+            subscription = made.subscription(topic)
+            received = []
+            streaming = made.subscriber.subscribe(subscription, lambda m: (received.append(m.data), m.ack()))
+            made.publisher.publish(topic, b"first").result(timeout=10)
+            assert wait_for(lambda: b"first" in received)
+            # Each second the stream ends with UNAVAILABLE and the client opens a new one.
+            assert wait_for(lambda: server.broker.backlog(subscription)["streams_opened"] >= 3, timeout=20)
+            made.publisher.publish(topic, b"second").result(timeout=10)
+            assert wait_for(lambda: b"second" in received)
+            assert not streaming.done()
+            streaming.cancel()
+            streaming.result(timeout=10)
+        finally:
+            made.close()
+
+
+class RawStream:
+    """A StreamingPull call driven by hand: requests go in through a queue."""
+
+    def __init__(self, address: str, first_request):
+        self.channel = grpc.insecure_channel(address)
+        self.requests: queue.Queue = queue.Queue()
+        self.requests.put(first_request)
+        open_call = self.channel.stream_stream(
+            "/google.pubsub.v1.Subscriber/StreamingPull",
+            request_serializer=StreamingPullRequest.SerializeToString,
+            response_deserializer=StreamingPullResponse.FromString,
+        )
+        self.call = open_call(iter(self.requests.get, None), timeout=30)
+
+    def send(self, **fields) -> None:
+        self.requests.put(StreamingPullRequest(**fields))
+
+    def receive(self):
+        return next(self.call)
+
+    def close(self) -> None:
+        self.requests.put(None)
+        self.call.cancel()
+        self.channel.close()
+
+
+def test_stream_side_heartbeats_acks_nacks_and_closing_status(clients, emulator):
+    topic = clients.topic()
+    subscription = clients.subscription(topic, enable_message_ordering=True)
+    other = clients.subscription(clients.topic())
+    stream = RawStream(emulator.address, StreamingPullRequest(subscription=subscription, stream_ack_deadline_seconds=10))
+    broken = RawStream(emulator.address, StreamingPullRequest(subscription=other, stream_ack_deadline_seconds=10))
+    try:
+        clients.publisher.publish(topic, b"one").result(timeout=10)
+        response = stream.receive()
+        assert response.subscription_properties.message_ordering_enabled
+        [first] = response.received_messages
+        stream.send()  # a heartbeat
+        stream.send(modify_deadline_ack_ids=[first.ack_id], modify_deadline_seconds=[0])  # a nack
+        [again] = stream.receive().received_messages
+        assert again.message.message_id == first.message.message_id
+        stream.send(ack_ids=[again.ack_id])
+        assert wait_for(lambda: emulator.broker.backlog(subscription)["unacked"] == 0)
+
+        broken.send(modify_deadline_ack_ids=["some-ack-id"], modify_deadline_seconds=[])
+        with pytest.raises(grpc.RpcError) as raised:
+            broken.receive()
+        assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+        emulator.stop()  # streams end with UNAVAILABLE, never OK
+        with pytest.raises(grpc.RpcError) as raised:
+            stream.receive()
+        assert raised.value.code() == grpc.StatusCode.UNAVAILABLE
+    finally:
+        stream.close()
+        broken.close()
+
+
+def test_bad_requests_get_the_service_status_codes(clients):
+    topic = clients.topic()
+    subscription = clients.subscription(topic)
+    missing_topic = topic_path(PROJECT, "no-such-topic")
+    missing_subscription = subscription_path(PROJECT, "no-such-subscription")
+    publisher, subscriber = clients.publisher, clients.subscriber
+
+    with pytest.raises(exceptions.NotFound):
+        publisher.publish(missing_topic, b"x").result(timeout=10)
+    with pytest.raises(exceptions.NotFound):
+        publisher.get_topic(topic=missing_topic)
+    with pytest.raises(exceptions.NotFound):
+        subscriber.create_subscription(name=subscription_path(PROJECT, unique("sub")), topic=missing_topic)
+    with pytest.raises(exceptions.NotFound):
+        subscriber.pull(subscription=missing_subscription, max_messages=1, timeout=10)
+    with pytest.raises(exceptions.AlreadyExists):
+        publisher.create_topic(name=topic)
+    with pytest.raises(exceptions.AlreadyExists):
+        subscriber.create_subscription(name=subscription, topic=topic)
+    with pytest.raises(exceptions.InvalidArgument):
+        publisher.create_topic(name="")
+    with pytest.raises(exceptions.InvalidArgument):
+        publisher.create_topic(name="projects/p/topics/goog-reserved")
+    with pytest.raises(exceptions.InvalidArgument):
+        subscriber.create_subscription(name="", topic=topic)
+    with pytest.raises(exceptions.InvalidArgument):
+        subscriber.create_subscription(name=subscription_path(PROJECT, unique("sub")), topic=topic, ack_deadline_seconds=5)
+    with pytest.raises(exceptions.InvalidArgument):
+        subscriber.modify_ack_deadline(subscription=subscription, ack_ids=["x"], ack_deadline_seconds=601)
+    with pytest.raises(exceptions.InvalidArgument):
+        publisher.api.publish(topic=topic, messages=[{"data": b""}])
+    with pytest.raises(exceptions.MethodNotImplemented):
+        subscriber.create_snapshot(name=f"projects/{PROJECT}/snapshots/snap", subscription=subscription)
+
+    # StreamingPull checks its first request; the client library sends good ones, so go raw.
+    with pytest.raises(exceptions.NotFound):
+        next(subscriber.api.streaming_pull(requests=iter([
+            {"subscription": missing_subscription, "stream_ack_deadline_seconds": 10}
+        ])))
+    with pytest.raises(exceptions.InvalidArgument):
+        next(subscriber.api.streaming_pull(requests=iter([{"subscription": subscription}])))
+    streaming = subscriber.subscribe(missing_subscription, lambda m: m.ack())
+    with pytest.raises(exceptions.NotFound):
+        streaming.result(timeout=10)
+
+
+def test_subscription_admin_round_trip(clients):
+    topic = clients.topic()
+    dead_letter_topic = clients.topic()
+    subscription = clients.subscription(topic, ack_deadline_seconds=0)
+    subscriber = clients.subscriber
+    assert subscriber.get_subscription(subscription=subscription).ack_deadline_seconds == 10
+    assert list(clients.publisher.list_topic_subscriptions(topic=topic)) == [subscription]
+    assert subscription in {s.name for s in subscriber.list_subscriptions(project=f"projects/{PROJECT}")}
+    paged = clients.publisher.list_topics(request={"project": f"projects/{PROJECT}", "page_size": 1})
+    assert sorted(t.name for t in paged) == sorted([topic, dead_letter_topic])
+
+    updated = subscriber.update_subscription(
+        subscription={
+            "name": subscription,
+            "ack_deadline_seconds": 30,
+            "dead_letter_policy": {"dead_letter_topic": dead_letter_topic},
+            "labels": {"ignored": "not in the mask"},
+        },
+        update_mask=field_mask_pb2.FieldMask(paths=["ack_deadline_seconds", "dead_letter_policy"]),
+    )
+    assert updated.ack_deadline_seconds == 30
+    assert updated.dead_letter_policy.max_delivery_attempts == 5  # the service's default
+    assert not updated.labels
+    with pytest.raises(exceptions.InvalidArgument):
+        subscriber.update_subscription(
+            subscription={"name": subscription, "enable_message_ordering": True},
+            update_mask=field_mask_pb2.FieldMask(paths=["enable_message_ordering"]),
+        )
+    with pytest.raises(exceptions.InvalidArgument):
+        subscriber.update_subscription(subscription={"name": subscription}, update_mask=field_mask_pb2.FieldMask())
+
+    clients.publisher.delete_topic(topic=topic)
+    assert subscriber.get_subscription(subscription=subscription).topic == "_deleted-topic_"
+    subscriber.delete_subscription(subscription=subscription)
+    with pytest.raises(exceptions.NotFound):
+        subscriber.get_subscription(subscription=subscription)
+
+
+def test_filter_acknowledges_what_does_not_match(clients):
+    topic = clients.topic()
+    subscription = clients.subscription(topic, filter='attributes.lang = "en" AND NOT attributes:spam')
+    for lang, spam in [("en", False), ("fr", False), ("en", True)]:
+        extra = {"spam": "1"} if spam else {}
+        clients.publisher.publish(topic, f"{lang}{spam}".encode(), lang=lang, **extra).result(timeout=10)
+    pulled = clients.subscriber.pull(subscription=subscription, max_messages=10, timeout=10).received_messages
+    assert [m.message.data for m in pulled] == [b"enFalse"]
+
+
+@pytest.mark.parametrize(
+    ("expression", "attributes", "expected"),
+    [
+        ('attributes.lang = "en"', {"lang": "en"}, True),
+        ('attributes.lang != "en"', {}, True),
+        ('attributes:"odd key"', {"odd key": ""}, True),
+        ('hasPrefix(attributes.chat-id, "c-")', {"chat-id": "c-42"}, True),
+        ('-attributes:spam OR (attributes.a = "1" AND attributes.b = "2")', {"spam": "1", "a": "1", "b": "2"}, True),
+        ('NOT (attributes:a OR attributes:b)', {"b": "x"}, False),
+    ],
+)
+def test_filter_language(expression, attributes, expected):
+    assert compile_filter(expression)(attributes) is expected
+
+
+@pytest.mark.parametrize("expression", ['attributes.a = 1', 'data = "x"', 'attributes.a = "1" AND', "(attributes:a"])
+def test_filter_syntax_errors_are_invalid_arguments(expression):
+    with pytest.raises(EmulatorError) as raised:
+        compile_filter(expression)
+    assert raised.value.code.name == "INVALID_ARGUMENT"
+
+
+def test_pubsub_init_creates_the_layout_idempotently(pubsub_server):
+    env = {**os.environ, "PUBSUB_EMULATOR_HOST": pubsub_server}
+    result = subprocess.run(
+        [str(CHATLENS), "pubsub-init", "--project", PROJECT], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    expected_topics = {topic_path(PROJECT, t) for t in LAYOUT.topics()}
+    expected_subscriptions = {subscription_path(PROJECT, s) for s in LAYOUT.subscriptions()}
+    created = {line.removeprefix("created ") for line in result.stdout.splitlines() if line.startswith("created ")}
+    assert created == expected_topics | expected_subscriptions
+
+    assert ensure_layout(PROJECT, emulator_host=pubsub_server) == []  # idempotent
+    publisher, subscriber = admin_clients(pubsub_server)
+    try:
+        assert {t.name for t in publisher.list_topics(project=f"projects/{PROJECT}")} == expected_topics
+        subscriptions = {s.name: s.topic for s in subscriber.list_subscriptions(project=f"projects/{PROJECT}")}
+    finally:
+        publisher.transport.close()
+        subscriber.close()
+    assert subscriptions == {
+        subscription_path(PROJECT, s): topic_path(PROJECT, t) for s, t in LAYOUT.subscriptions().items()
+    }
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("localhost", 0))
+        return probe.getsockname()[1]
+
+
+def test_check_command_reports_readiness(pubsub_server):
+    ok = subprocess.run(
+        [str(CHATLENS), "pubsub-emulator", "--check", pubsub_server, "--timeout", "10"],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert ok.returncode == 0, ok.stderr
+    down = subprocess.run(
+        [str(CHATLENS), "pubsub-emulator", "--check", f"localhost:{free_port()}", "--timeout", "1"],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert down.returncode == 1
+    assert "no Pub/Sub server answered" in down.stderr
+
+
+def test_command_serves_until_sigterm():
+    process = subprocess.Popen(
+        [str(CHATLENS), "pubsub-emulator", "--port", "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        line = process.stdout.readline()
+        assert "listening on" in line, line + process.stderr.read()
+        address = line.split("listening on ")[1].split()[0]
+        wait_ready(address, timeout=10)
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=15) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
