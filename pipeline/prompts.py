@@ -79,7 +79,8 @@ class PromptSet:
     templates: dict[str, str]
     labels: tuple[str, str, str]
     calibration: tuple[str, ...]
-    stop: tuple[str, ...]
+    stop: dict[str, tuple[str, ...]]  # task -> strings that end its generated answer
+    answer_prefix: dict[str, str]  # task -> opening the template ends with; part of the answer
 
     def render(self, task: str, transcript: str) -> str:
         return self.templates[task].replace("{transcript}", transcript)
@@ -104,11 +105,16 @@ def load_prompts(variant: str, directory: Path = PROMPTS_DIR) -> PromptSet:
     labels = tuple(section["labels"])
     if len(labels) != 3:
         raise ValueError("a prompt variant needs exactly three labels: negative, neutral, positive")
+    prefixes = {task: section["answer_prefix"].get(task, "") for task in ("summary", "reply")}
+    for task, prefix in prefixes.items():
+        if not templates[task].endswith(prefix):
+            raise ValueError(f"{variant}/{task}.txt must end with its answer prefix {prefix!r}")
     return PromptSet(
         version=f"{manifest['version']}/{variant}",
         variant=variant,
         templates=templates,
         labels=labels,  # type: ignore[arg-type]
         calibration=tuple(section["calibration"]),
-        stop=tuple(section["stop"]),
+        stop={task: tuple(section["stop"][task]) for task in ("summary", "reply")},
+        answer_prefix=prefixes,
     )

@@ -34,7 +34,8 @@ def test_every_variant_has_every_task_and_three_labels(variant):
 def test_completion_prompts_end_where_the_answer_starts():
     prompts = load_prompts("completion")
     assert prompts.render("sentiment", "x").endswith("\nMood:")
-    assert prompts.render("summary", "x").endswith("\nSummary:")
+    assert prompts.render("summary", "x").endswith(prompts.answer_prefix["summary"])
+    assert prompts.stop["summary"] and prompts.stop["reply"]
     assert load_prompts("chat").render("reply", "x").endswith("<start_of_turn>model\n")
 
 
@@ -68,6 +69,7 @@ def test_buckets_and_text_cleanup():
     assert cut_at_word("one two three four", 12) == "one two…"
     assert len(cut_at_word("word " * 200, 512)) <= 512
     assert clean_completion(' "Sorry about that.<end_of_turn>" ', 100) == "Sorry about that."
+    assert clean_completion("The customer wants a refund", 100) == "The customer wants a refund."
     assert is_degenerate([5, 6, 7, 8] * 4, "a b c d")
     assert is_degenerate([1, 2, 3], "I am sorry. I am sorry. I am sorry.")
     assert not is_degenerate(list(range(40)), "The customer wants a refund for a late order.")

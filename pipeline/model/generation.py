@@ -10,7 +10,7 @@ from collections import Counter
 from collections.abc import Sequence
 
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
-LENGTH_BUCKETS = (128, 256, 384, 512, 768, 1024, 1536, 2048, 4096, 8192)
+LENGTH_BUCKETS = (64, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 4096, 8192)
 
 
 def bucket(value: int, buckets: Sequence[int]) -> int:
@@ -46,4 +46,6 @@ def clean_completion(text: str, limit: int) -> str:
     """Generated text as staff see it: one paragraph, no stray markers, within `limit`."""
     text = re.sub(r"<(start|end)_of_turn>|<eos>|<bos>", " ", text)
     text = text.strip().strip('"').strip()
+    if text and text[-1].isalnum():
+        text += "."  # generation stops at the sentence's full stop, which is not kept
     return cut_at_word(text, limit)

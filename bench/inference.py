@@ -1,0 +1,183 @@
+"""Benchmark: ChatLens's batched handler against the public Beam Gemma example pattern.
+
+Same chats, same model, one run. The public pattern (Beam's Gemma notebooks) calls
+`model.generate(prompt)` once per element with one prompt asking for JSON sentiment and
+summary, then a second prompt for the apology; ChatLens runs GemmaModelHandler on batches
+(sentiment by one scoring pass, summaries and replies by batched generation).
+
+Each system runs in its own subprocess so compile caches and peak RSS are its own. Prints
+chats/s, generated tokens/s, p50/p95 batch latency, XLA compile count, peak RSS and the
+speedup, then one line of JSON with those figures.
+
+    .venv/bin/python bench/inference.py [--chats 32] [--batch-size 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("KERAS_BACKEND", "jax")
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+PUBLIC_PROMPT = (
+    "Provide the results of doing these two tasks on the chat history provided below for the user {user}\n"
+    "task 1 : assess if the tone is happy = 1 , neutral = 0 or angry = -1\n"
+    "task 2 : summarize the text with a maximum of 512 characters\n"
+    "Output the results as a json with fields [sentiment, summary]\n\n@@@{chat}@@@\nAnswer:"
+)
+PUBLIC_APOLOGY = "Generate an apology response for the user in this chat text: {chat}\nResponse:"
+NEW_TOKENS = 128  # the public pattern's generation budget per call, beyond the longest prompt
+
+
+def compile_counter() -> list[int]:
+    """Counts XLA backend compiles (every jit program, keras-hub's included)."""
+    import jax
+
+    count = [0]
+
+    def listener(event: str, duration: float, **_: object) -> None:
+        if event == "/jax/core/compile/backend_compile_duration":
+            count[0] += 1
+
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    return count
+
+
+def load_chats(path: Path, n: int):
+    from pipeline.evaluate import load_labelled
+
+    chats = [c.window for c in load_labelled(path)]
+    return [chats[(i * 3) % len(chats)] for i in range(n)]  # spread over labels and domains
+
+
+def run_public(chats, model: str, cache: str | None) -> dict:
+    from pipeline.model.generation import LENGTH_BUCKETS, bucket
+    from pipeline.model.sources import load_causal_lm
+    from pipeline.prompts import transcript_lines
+
+    lm, source = load_causal_lm(model, cache_dir=cache)
+    tokenizer = lm.preprocessor.tokenizer
+    texts = ["\n".join(transcript_lines(w.messages)) for w in chats]
+    longest = max(len(tokenizer.tokenize(PUBLIC_PROMPT.format(user=w.customer_id, chat=t)))
+                  for w, t in zip(chats, texts))
+    max_length = bucket(longest + NEW_TOKENS + 1, LENGTH_BUCKETS)  # one fixed length: one compile
+
+    def analyse(window, text) -> tuple[int, int]:
+        out = lm.generate(PUBLIC_PROMPT.format(user=window.customer_id, chat=text), max_length=max_length,
+                          strip_prompt=True)
+        tokens = len(tokenizer.tokenize(out))
+        try:
+            sentiment = int(json.loads(out[out.index("{"): out.rindex("}") + 1])["sentiment"])
+        except (ValueError, KeyError, TypeError):
+            sentiment = -1  # unparseable: a real pipeline must treat it as possibly angry
+        if sentiment == -1:
+            reply = lm.generate(PUBLIC_APOLOGY.format(chat=text), max_length=max_length, strip_prompt=True)
+            tokens += len(tokenizer.tokenize(reply))
+        return sentiment, tokens
+
+    analyse(chats[0], texts[0])  # warm-up: compile outside the timed pass
+    latencies, tokens = [], 0
+    started = time.perf_counter()
+    for window, text in zip(chats, texts):
+        t0 = time.perf_counter()
+        tokens += analyse(window, text)[1]
+        latencies.append(time.perf_counter() - t0)
+    return {"seconds": time.perf_counter() - started, "latencies": latencies, "tokens": tokens,
+            "model_id": source.model_id, "max_length": max_length}
+
+
+def run_chatlens(chats, model: str, cache: str | None, batch_size: int) -> dict:
+    from pipeline.model.handler import GemmaModelHandler
+
+    analyse = GemmaModelHandler(model, cache_dir=cache, large_model=False)
+    reply = GemmaModelHandler(model, cache_dir=cache, task="reply", large_model=False)
+    engine = analyse.load_model()
+
+    def batch_run(batch) -> None:
+        analysed = [r.inference for r in analyse.run_inference(batch, engine)]
+        negative = [(w, a) for w, a in zip(batch, analysed) if a.sentiment == -1]
+        if negative:
+            list(reply.run_inference(negative, engine))
+
+    batch_run(chats[:batch_size])  # warm-up: compile outside the timed pass
+    tokens_before = engine.get_stats()["generated_tokens"]
+    latencies = []
+    started = time.perf_counter()
+    for start in range(0, len(chats), batch_size):
+        t0 = time.perf_counter()
+        batch_run(chats[start : start + batch_size])
+        latencies.append(time.perf_counter() - t0)
+    return {"seconds": time.perf_counter() - started, "latencies": latencies,
+            "tokens": engine.get_stats()["generated_tokens"] - tokens_before, "model_id": engine.model_id,
+            "compiled_programs": engine.get_stats()["compiles"]}
+
+
+def child(args: argparse.Namespace) -> None:
+    compiles = compile_counter()
+    chats = load_chats(args.data, args.chats)
+    if args.system == "public":
+        result = run_public(chats, args.model, args.cache)
+    else:
+        result = run_chatlens(chats, args.model, args.cache, args.batch_size)
+    latencies = sorted(result.pop("latencies"))
+    result.update(
+        system=args.system,
+        chats=len(chats),
+        chats_per_s=len(chats) / result["seconds"],
+        tokens_per_s=result["tokens"] / result["seconds"],
+        p50_batch_s=statistics.median(latencies),
+        p95_batch_s=latencies[min(len(latencies) - 1, int(round(0.95 * (len(latencies) - 1))))],
+        xla_compiles=compiles[0],
+        peak_rss_mib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    )
+    print("RESULT " + json.dumps(result), flush=True)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--chats", type=int, default=32, help="chats per system (default: %(default)s)")
+    parser.add_argument("--batch-size", type=int, default=8, help="ChatLens batch size (default: %(default)s)")
+    parser.add_argument("--model", default="gemma3-270m", help="model spec (default: %(default)s)")
+    parser.add_argument("--cache", default=os.environ.get("CHATLENS_CACHE"), help="model cache directory")
+    parser.add_argument("--data", type=Path, default=ROOT / "tests/data/eval_chats.jsonl")
+    parser.add_argument("--system", choices=["public", "chatlens"], help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.system:
+        child(args)
+        return 0
+
+    results = {}
+    for system in ("public", "chatlens"):
+        command = [sys.executable, __file__, "--system", system, "--chats", str(args.chats),
+                   "--batch-size", str(args.batch_size), "--model", args.model, "--data", str(args.data)]
+        if args.cache:
+            command += ["--cache", args.cache]
+        print(f"running {system} on {args.chats} chats…", file=sys.stderr, flush=True)
+        out = subprocess.run(command, capture_output=True, text=True, check=True).stdout
+        results[system] = json.loads(next(line for line in out.splitlines() if line.startswith("RESULT "))[7:])
+
+    print(f"{'system':<10} {'chats/s':>8} {'tokens/s':>9} {'p50 batch s':>12} {'p95 batch s':>12} "
+          f"{'compiles':>9} {'peak RSS MiB':>13}")
+    for name, r in results.items():
+        print(f"{name:<10} {r['chats_per_s']:>8.3f} {r['tokens_per_s']:>9.1f} {r['p50_batch_s']:>12.2f} "
+              f"{r['p95_batch_s']:>12.2f} {r['xla_compiles']:>9} {r['peak_rss_mib']:>13.0f}")
+    speedup = results["chatlens"]["chats_per_s"] / results["public"]["chats_per_s"]
+    print(f"speedup (chats/s, ChatLens / public pattern): {speedup:.2f}x")
+    summary = {name: {k: r[k] for k in ("chats_per_s", "tokens_per_s", "p50_batch_s", "p95_batch_s",
+                                          "xla_compiles", "peak_rss_mib")} for name, r in results.items()}
+    print(json.dumps({"bench": "inference", "chats": args.chats, "model": args.model, **summary,
+                      "speedup": round(speedup, 2)}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

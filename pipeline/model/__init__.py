@@ -1,0 +1,1 @@
+"""Gemma model sources: the bundled GGUF (converted once, cached) or keras-hub presets."""

