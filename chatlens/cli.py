@@ -15,8 +15,11 @@ import sys
 # Subcommand name -> module. Add a line here to add a command.
 COMMANDS: dict[str, str] = {
     "schemas": "chatlens.schemas",
+    "dashboard": "app.commands.dashboard",
+    "users": "app.commands.users",
     "pubsub-emulator": "chatlens.pubsub.emulator",
     "pubsub-init": "chatlens.pubsub.admin",
+    "demo": "chatlens.demo",
     "eval": "pipeline.evaluate",
 }
 

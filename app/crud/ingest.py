@@ -1,0 +1,215 @@
+"""Storing what the subscribers receive: idempotent, and nothing received is ever dropped.
+
+A ChatInsight is stored once per (chat_id, window_id); a redelivery is recognised and
+reported as a duplicate. The chat row always shows the newest window, judged by the
+transcript's last message (then analysis time), so windows arriving out of order never
+roll a chat back. Anything that is not a valid message becomes an error row instead.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from enum import Enum
+from typing import Any
+
+from pydantic import ValidationError
+from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
+
+from app.crud import audit, events, search
+from app.db import Database
+from app.models import Chat, ErrorEvent, Insight, utcnow
+from app import sentiments
+from chatlens.contracts import ChatInsight, ChatMessage, DeadLetter, describe_validation_error
+
+SYSTEM_ACTOR = "pipeline"
+INTEGRITY_RETRIES = 3
+
+
+class Outcome(str, Enum):
+    stored = "stored"
+    duplicate = "duplicate"
+    invalid = "invalid"
+
+
+def waiting_since(transcript: tuple[ChatMessage, ...] | list[ChatMessage]) -> datetime:
+    """When the customer started waiting: their first message after the last agent answer.
+
+    Bot messages do not count as an answer. A chat whose last word was the agent's is not
+    waiting; it sorts by its last message instead.
+    """
+    waiting: datetime | None = None
+    for message in transcript:
+        if message.sender == "agent":
+            waiting = None
+        elif message.sender == "customer" and waiting is None:
+            waiting = message.sent_at
+    return waiting or transcript[-1].sent_at
+
+
+def _window_key(last_message_at: datetime, analyzed_at: datetime, window_id: str) -> tuple:
+    return (last_message_at, analyzed_at, window_id)
+
+
+def _chat_body(insight: ChatInsight) -> str:
+    return search.search_text(
+        insight.chat_id, insight.customer_id, insight.tenant, insight.summary,
+        *(message.text for message in insight.transcript),
+    )
+
+
+def _apply_window(chat: Chat, insight: ChatInsight, body: str) -> None:
+    """Make `insight` the chat's current window: new text, new draft, back to review."""
+    chat.tenant = insight.tenant
+    chat.customer_id = insight.customer_id
+    chat.language = insight.language
+    chat.closed = insight.closed
+    chat.window_id = insight.window_id
+    chat.window_last_message_at = insight.transcript[-1].sent_at
+    chat.window_analyzed_at = insight.analyzed_at
+    chat.sentiment = insight.sentiment
+    chat.confidence = insight.confidence
+    chat.corrected_sentiment = None
+    chat.effective_sentiment = insight.sentiment
+    chat.summary = insight.summary
+    chat.draft = insight.reply_draft
+    chat.draft_edited = False
+    chat.status = "new"
+    chat.reject_reason = None
+    chat.waiting_since = waiting_since(insight.transcript)
+    chat.search_text = body
+
+
+def _review_state(chat: Chat) -> dict[str, Any]:
+    return {"window_id": chat.window_id, "status": chat.status, "draft": chat.draft,
+            "draft_edited": chat.draft_edited, "version": chat.version}
+
+
+def _store_insight(db: Database, insight: ChatInsight, raw: bytes, message_id: str | None,
+                   received_at: datetime) -> tuple[Outcome, bool]:
+    """Store one insight; returns (outcome, whether it became the chat's current window)."""
+    with db.writing() as session:
+        exists = session.scalar(
+            select(Insight.id).where(Insight.chat_id == insight.chat_id,
+                                     Insight.window_id == insight.window_id)
+        )
+        if exists is not None:
+            return Outcome.duplicate, False
+        last_message_at = insight.transcript[-1].sent_at
+        session.add(Insight(
+            chat_id=insight.chat_id, window_id=insight.window_id, message_id=message_id,
+            sentiment=insight.sentiment, confidence=insight.confidence,
+            scores=insight.scores.model_dump(), summary=insight.summary,
+            reply_draft=insight.reply_draft, flags=list(insight.flags), model_id=insight.model_id,
+            prompt_version=insight.prompt_version, published_at=insight.published_at,
+            analyzed_at=insight.analyzed_at, received_at=received_at, last_message_at=last_message_at,
+            transcript=[message.model_dump(mode="json") for message in insight.transcript],
+            payload=raw.decode("utf-8"),
+        ))
+        chat = session.get(Chat, insight.chat_id, with_for_update=True)
+        body = _chat_body(insight)
+        current = True
+        if chat is None:
+            chat = Chat(chat_id=insight.chat_id, version=1, windows_seen=1, first_seen_at=received_at,
+                        updated_at=received_at, updated_by=SYSTEM_ACTOR)
+            _apply_window(chat, insight, body)
+            session.add(chat)
+        else:
+            chat.windows_seen += 1
+            current = _window_key(last_message_at, insight.analyzed_at, insight.window_id) > _window_key(
+                chat.window_last_message_at, chat.window_analyzed_at, chat.window_id)
+            if current:
+                before = _review_state(chat)
+                reviewed = chat.status != "new" or chat.draft_edited
+                _apply_window(chat, insight, body)
+                chat.version += 1
+                chat.updated_at = received_at
+                chat.updated_by = SYSTEM_ACTOR
+                if reviewed:  # a person's work is superseded: keep what it was
+                    audit.record(session, SYSTEM_ACTOR, "new_window", chat.chat_id, insight.window_id,
+                                 before=before, after=_review_state(chat))
+        if current and db.fts:
+            search.index_chat(session, insight.chat_id, body)
+        events.add_event(session, "chat", insight.chat_id, action="insight", window_id=insight.window_id,
+                         current=current, version=chat.version,
+                         sentiment=sentiments.name(insight.sentiment), actor=SYSTEM_ACTOR)
+        session.commit()
+        return Outcome.stored, current
+
+
+def ingest_insight(db: Database, data: bytes, *, message_id: str | None = None,
+                   attributes: dict[str, str] | None = None,
+                   received_at: datetime | None = None) -> Outcome:
+    """Store a results-topic message; raises only when the database fails (then nack)."""
+    received_at = received_at or utcnow()
+    try:
+        insight = ChatInsight.model_validate_json(data)
+    except ValidationError as error:
+        return store_error(db, source="insights", kind="invalid_insight", payload=data,
+                           error_class="ValidationError",
+                           error_message=f"not a valid ChatInsight: {describe_validation_error(error)}",
+                           message_id=message_id, attributes=attributes, received_at=received_at)
+    for attempt in range(INTEGRITY_RETRIES):
+        try:
+            return _store_insight(db, insight, data, message_id, received_at)[0]
+        except IntegrityError:
+            # A concurrent delivery of this window, or of the chat's first window, got in
+            # first; the next attempt sees its row and stores a duplicate or an update.
+            if attempt == INTEGRITY_RETRIES - 1:
+                raise
+    raise AssertionError("unreachable")
+
+
+def ingest_dead_letter(db: Database, data: bytes, *, message_id: str | None = None,
+                       attributes: dict[str, str] | None = None,
+                       received_at: datetime | None = None) -> Outcome:
+    """Store a dead-letter-topic message for the errors view (invalid ones too)."""
+    try:
+        letter = DeadLetter.model_validate_json(data)
+    except ValidationError as error:
+        return store_error(db, source="deadletter", kind="invalid_dead_letter", payload=data,
+                           error_class="ValidationError",
+                           error_message=f"not a valid DeadLetter: {describe_validation_error(error)}",
+                           message_id=message_id, attributes=attributes, received_at=received_at)
+    return store_error(db, source="deadletter", kind="dead_letter", payload=letter.payload,
+                       stage=letter.stage, error_class=letter.error_class,
+                       error_message=letter.error_message, chat_id=letter.chat_id,
+                       failed_at=letter.failed_at, message_id=message_id,
+                       attributes=dict(letter.attributes) | {
+                           f"pubsub.{key}": value for key, value in (attributes or {}).items()},
+                       received_at=received_at)
+
+
+def _guess_chat_id(payload: bytes, attributes: dict[str, str]) -> str | None:
+    if attributes.get("chat_id"):
+        return attributes["chat_id"][:200]
+    try:
+        value = json.loads(payload).get("chat_id")
+    except (ValueError, AttributeError, UnicodeDecodeError):
+        return None
+    return value[:200] if isinstance(value, str) else None
+
+
+def store_error(db: Database, *, source: str, kind: str, payload: bytes, error_message: str,
+                error_class: str | None = None, stage: str | None = None, chat_id: str | None = None,
+                failed_at: datetime | None = None, message_id: str | None = None,
+                attributes: dict[str, str] | None = None, received_at: datetime | None = None) -> Outcome:
+    """Keep a message that could not be used, once per Pub/Sub message id."""
+    attributes = dict(attributes or {})
+    try:
+        with db.writing() as session:
+            if message_id and session.scalar(select(ErrorEvent.id).where(
+                    ErrorEvent.source == source, ErrorEvent.message_id == message_id)) is not None:
+                return Outcome.duplicate
+            chat_id = chat_id or _guess_chat_id(payload, attributes)
+            session.add(ErrorEvent(
+                source=source, kind=kind, message_id=message_id, stage=stage, error_class=error_class,
+                error_message=error_message, chat_id=chat_id, payload=payload, attributes=attributes,
+                failed_at=failed_at, received_at=received_at or utcnow(),
+            ))
+            events.add_event(session, "errorlog", chat_id, error_kind=kind)
+            session.commit()
+    except IntegrityError:
+        return Outcome.duplicate
+    return Outcome.invalid if kind.startswith("invalid") else Outcome.stored

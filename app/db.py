@@ -1,0 +1,121 @@
+"""Engine and sessions for any SQLAlchemy URL, with the SQLite details that keep it honest.
+
+SQLite allows one writer at a time. A transaction that reads first and writes later can
+fail at once with "database is locked" when another writer got in between, so write
+sessions start with `BEGIN IMMEDIATE` (they wait for the lock, up to the busy timeout)
+while read sessions stay deferred and never block anyone (WAL journal).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from sqlalchemy import Engine, create_engine, event, text
+from sqlalchemy.exc import OperationalError
+from sqlalchemy.orm import Session, sessionmaker
+
+from app.models import Base
+
+log = logging.getLogger(__name__)
+
+WRITE_OPTION = "chatlens_write"
+SQLITE_BUSY_SECONDS = 30
+
+
+def _sqlite_engine(url: str) -> Engine:
+    engine = create_engine(url, connect_args={"timeout": SQLITE_BUSY_SECONDS, "check_same_thread": False})
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection, _record) -> None:  # pragma: no cover - trivial
+        dbapi_connection.isolation_level = None  # we send BEGIN ourselves, below
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.execute("PRAGMA synchronous=NORMAL")
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn) -> None:
+        immediate = conn.get_execution_options().get(WRITE_OPTION, False)
+        conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
+
+    return engine
+
+
+def make_engine(url: str) -> Engine:
+    if url.startswith("sqlite"):
+        return _sqlite_engine(url)
+    return create_engine(url, pool_pre_ping=True)
+
+
+class Database:
+    """One engine, a read-session and a write-session factory, and the schema setup."""
+
+    def __init__(self, url: str, search_backend: str = "auto") -> None:
+        self.url = url
+        self.engine = make_engine(url)
+        self.is_sqlite = self.engine.dialect.name == "sqlite"
+        self._reader = sessionmaker(self.engine, expire_on_commit=False)
+        self._writer = sessionmaker(
+            self.engine.execution_options(**{WRITE_OPTION: True}), expire_on_commit=False
+        )
+        self.search_backend = search_backend
+        self.fts = False
+
+    def create_all(self) -> None:
+        """Create missing tables (and the FTS5 index when wanted and available)."""
+        Base.metadata.create_all(self.engine)
+        self.fts = self._setup_fts() if self.search_backend in ("auto", "fts5") else False
+        if self.search_backend == "fts5" and not self.fts:
+            raise RuntimeError("search_backend is 'fts5' but this database has no FTS5")
+
+    def _setup_fts(self) -> bool:
+        if not self.is_sqlite:
+            return False
+        try:
+            with self.engine.begin() as conn:
+                conn.exec_driver_sql(
+                    "CREATE VIRTUAL TABLE IF NOT EXISTS chat_fts USING fts5("
+                    "chat_id UNINDEXED, body, tokenize='unicode61 remove_diacritics 2')"
+                )
+                indexed = conn.exec_driver_sql("SELECT count(*) FROM chat_fts").scalar()
+                chats = conn.exec_driver_sql("SELECT count(*) FROM chats").scalar()
+                if indexed != chats:  # new index, or the database was used without FTS: rebuild
+                    conn.exec_driver_sql("DELETE FROM chat_fts")
+                    conn.exec_driver_sql("INSERT INTO chat_fts (chat_id, body) SELECT chat_id, search_text FROM chats")
+            return True
+        except OperationalError as error:  # SQLite built without FTS5
+            log.warning("no FTS5 (%s): search falls back to LIKE", error)
+            return False
+
+    def read(self) -> Session:
+        return self._reader()
+
+    def write(self) -> Session:
+        return self._writer()
+
+    @contextmanager
+    def writing(self) -> Iterator[Session]:
+        """A write session that rolls back on error; the caller commits."""
+        session = self.write()
+        try:
+            yield session
+        except BaseException:
+            session.rollback()
+            raise
+        finally:
+            session.close()
+
+    def ping(self) -> bool:
+        try:
+            with self.engine.connect() as conn:
+                conn.execute(text("SELECT 1"))
+            return True
+        except Exception as error:  # noqa: BLE001 - readiness reports, never raises
+            log.warning("database not reachable: %s", error)
+            return False
+
+    def dispose(self) -> None:
+        self.engine.dispose()

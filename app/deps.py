@@ -1,0 +1,83 @@
+"""FastAPI dependencies: the app context, who is asking, and the CSRF check.
+
+The CSRF check is installed on the whole app: every POST/PUT/PATCH/DELETE must carry the
+session's token in the `X-CSRF-Token` header or a `csrf_token` form field. The two login
+endpoints are the exception; they check a pre-login token of their own.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import Depends, Request
+from starlette.concurrency import run_in_threadpool
+
+from app import security
+from app.context import AppContext
+from app.crud import sessions
+from app.crud.sessions import Principal
+from app.db import Database
+from app.errors import Forbidden, NotAuthenticated
+
+SESSION_COOKIE = "chatlens_session"
+LOGIN_CSRF_COOKIE = "chatlens_login_csrf"
+CSRF_HEADER = "x-csrf-token"
+CSRF_FIELD = "csrf_token"
+SAFE_METHODS = {"GET", "HEAD", "OPTIONS"}
+CSRF_EXEMPT = {("POST", "/login"), ("POST", "/api/session")}  # they check a pre-login token
+
+
+def get_ctx(request: Request) -> AppContext:
+    return request.app.state.ctx
+
+
+def get_db(request: Request) -> Database:
+    return get_ctx(request).db
+
+
+def _principal(request: Request) -> Principal | None:
+    if not hasattr(request.state, "principal"):
+        ctx = get_ctx(request)
+        request.state.principal = sessions.lookup(
+            ctx.db, ctx.secret, request.cookies.get(SESSION_COOKIE), ctx.settings.session_hours)
+    return request.state.principal
+
+
+def optional_user(request: Request) -> Principal | None:
+    return _principal(request)
+
+
+def current_user(request: Request) -> Principal:
+    principal = _principal(request)
+    if principal is None:
+        raise NotAuthenticated("Log in first.")
+    return principal
+
+
+def supervisor(user: Annotated[Principal, Depends(current_user)]) -> Principal:
+    if not user.is_supervisor:
+        raise Forbidden("This page is for supervisors.")
+    return user
+
+
+async def verify_csrf(request: Request) -> None:
+    if request.method in SAFE_METHODS or (request.method, request.url.path) in CSRF_EXEMPT:
+        return
+    principal = await run_in_threadpool(_principal, request)
+    if principal is None:
+        raise NotAuthenticated("Log in first.")
+    token = request.headers.get(CSRF_HEADER) or None
+    if token is None and request.headers.get("content-type", "").startswith(
+            ("application/x-www-form-urlencoded", "multipart/form-data")):
+        form = await request.form()
+        value = form.get(CSRF_FIELD)
+        token = value if isinstance(value, str) else None
+    if not security.same(token, principal.csrf_token):
+        raise Forbidden("Missing or wrong CSRF token: reload the page and try again.")
+
+
+Ctx = Annotated[AppContext, Depends(get_ctx)]
+DB = Annotated[Database, Depends(get_db)]
+User = Annotated[Principal, Depends(current_user)]
+OptionalUser = Annotated[Principal | None, Depends(optional_user)]
+Supervisor = Annotated[Principal, Depends(supervisor)]

@@ -1,0 +1,1 @@
+"""HTTP routes, one module per audience: pages (HTML), api (JSON), live (SSE), ops (probes)."""

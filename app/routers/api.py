@@ -1,0 +1,160 @@
+"""The JSON API: the same queue and review actions as the pages, for scripts and tools.
+
+Changes need the session cookie and the X-CSRF-Token header (from GET /api/session).
+Editing, approving and rejecting name the version they were based on; 409 means someone
+else changed the chat first, and the answer carries the chat as it is now.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Query
+
+from app.crud import audit, chats, review
+from app.crud import errors as error_rows
+from app.crud.chats import QueueFilter
+from app.crud.sessions import Principal
+from app.deps import DB, Ctx, Supervisor, User, current_user
+from app.errors import NotFound
+from app.schemas import (
+    ApproveIn,
+    AssignIn,
+    AuditOut,
+    ChatDetail,
+    ChatSummary,
+    ConflictOut,
+    DraftIn,
+    ErrorOut,
+    QueueOut,
+    RejectIn,
+    SentimentIn,
+)
+
+router = APIRouter(prefix="/api", tags=["queue"], dependencies=[Depends(current_user)],
+                   responses={401: {"description": "Not logged in"}})
+CONFLICT = {409: {"model": ConflictOut, "description": "Changed by someone else since `version`"}}
+
+
+def resolve_assignee(value: str | None, user: Principal) -> str | None:
+    return user.username if value == "me" else value or None
+
+
+def detail(ctx, chat_id: str) -> ChatDetail:
+    with ctx.db.read() as session:
+        chat = chats.get_chat(session, chat_id)
+        if chat is None:
+            raise NotFound(f"No chat {chat_id!r}.")
+        return ChatDetail.of_chat(chat, chats.current_insight(session, chat))
+
+
+def _announce(ctx, chat_id: str) -> ChatDetail:
+    if ctx.hub is not None:
+        ctx.hub.notify()
+    return detail(ctx, chat_id)
+
+
+@router.get("/chats", response_model=QueueOut)
+def list_chats(
+    ctx: Ctx, user: User,
+    status: Annotated[str, Query(pattern="^(open|new|approved|rejected|handled|all)$")] = "open",
+    sentiment: Annotated[str | None, Query(pattern="^(negative|neutral|positive)$")] = None,
+    assignee: Annotated[str | None, Query(description='username, "me" or "none"', max_length=64)] = None,
+    tenant: Annotated[str | None, Query(max_length=128)] = None,
+    q: Annotated[str | None, Query(max_length=200, description="full-text search")] = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    offset: Annotated[int, Query(ge=0)] = 0,
+) -> QueueOut:
+    """The queue, most urgent first (negative, then longest waiting)."""
+    f = QueueFilter(status=status, sentiment=sentiment, assignee=resolve_assignee(assignee, user),
+                    tenant=tenant or None, q=q, limit=limit, offset=offset)
+    with ctx.db.read() as session:
+        page = chats.list_chats(session, f, ctx.db.fts)
+    return QueueOut(items=[ChatSummary.of(c) for c in page.items], total=page.total, counts=page.counts)
+
+
+@router.get("/chats/{chat_id}", response_model=ChatDetail, responses={404: {"description": "No such chat"}})
+def get_chat(ctx: Ctx, chat_id: str) -> ChatDetail:
+    return detail(ctx, chat_id)
+
+
+@router.put("/chats/{chat_id}/draft", response_model=ChatDetail, responses=CONFLICT)
+def save_draft(ctx: Ctx, user: User, chat_id: str, body: DraftIn) -> ChatDetail:
+    review.save_draft(ctx.db, chat_id, user.username, body.text, body.version)
+    return _announce(ctx, chat_id)
+
+
+@router.post("/chats/{chat_id}/approve", response_model=ChatDetail, responses=CONFLICT)
+def approve(ctx: Ctx, user: User, chat_id: str, body: ApproveIn) -> ChatDetail:
+    review.approve(ctx.db, chat_id, user.username, body.version, body.text)
+    return _announce(ctx, chat_id)
+
+
+@router.post("/chats/{chat_id}/reject", response_model=ChatDetail, responses=CONFLICT)
+def reject(ctx: Ctx, user: User, chat_id: str, body: RejectIn) -> ChatDetail:
+    review.reject(ctx.db, chat_id, user.username, body.version, body.reason)
+    return _announce(ctx, chat_id)
+
+
+@router.post("/chats/{chat_id}/assign", response_model=ChatDetail)
+def assign(ctx: Ctx, user: User, chat_id: str, body: AssignIn) -> ChatDetail:
+    review.assign(ctx.db, chat_id, user.username, resolve_assignee(body.assignee, user))
+    return _announce(ctx, chat_id)
+
+
+@router.post("/chats/{chat_id}/handled", response_model=ChatDetail)
+def handled(ctx: Ctx, user: User, chat_id: str) -> ChatDetail:
+    review.mark_handled(ctx.db, chat_id, user.username)
+    return _announce(ctx, chat_id)
+
+
+@router.post("/chats/{chat_id}/reopen", response_model=ChatDetail)
+def reopen(ctx: Ctx, user: User, chat_id: str) -> ChatDetail:
+    review.reopen(ctx.db, chat_id, user.username)
+    return _announce(ctx, chat_id)
+
+
+@router.post("/chats/{chat_id}/sentiment", response_model=ChatDetail)
+def correct_sentiment(ctx: Ctx, user: User, chat_id: str, body: SentimentIn) -> ChatDetail:
+    """Record the right sentiment for the current window (kept as feedback for evaluation)."""
+    review.correct_sentiment(ctx.db, chat_id, user.username, body.corrected)
+    return _announce(ctx, chat_id)
+
+
+@router.post("/chats/{chat_id}/copied", status_code=204)
+def copied(db: DB, user: User, chat_id: str) -> None:
+    """Note in the audit log that the reply was copied to the clipboard."""
+    review.record_copy(db, chat_id, user.username)
+
+
+@router.get("/tenants", response_model=list[str])
+def tenants(ctx: Ctx) -> list[str]:
+    with ctx.db.read() as session:
+        return chats.tenants(session)
+
+
+@router.get("/audit", response_model=list[AuditOut], tags=["supervisor"],
+            responses={403: {"description": "Supervisors only"}})
+def audit_log(
+    ctx: Ctx, _supervisor: Supervisor,
+    chat_id: Annotated[str | None, Query(max_length=128)] = None,
+    actor: Annotated[str | None, Query(max_length=64)] = None,
+    action: Annotated[str | None, Query(max_length=32)] = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 200,
+    before_id: Annotated[int | None, Query(ge=1)] = None,
+) -> list[AuditOut]:
+    with ctx.db.read() as session:
+        rows = audit.list_entries(session, chat_id, actor, action, limit, before_id)
+        return [AuditOut.of(row) for row in rows]
+
+
+@router.get("/errors", response_model=list[ErrorOut], tags=["supervisor"],
+            responses={403: {"description": "Supervisors only"}})
+def errors(
+    ctx: Ctx, _supervisor: Supervisor,
+    kind: Annotated[str | None, Query(pattern="^(dead_letter|invalid_insight|invalid_dead_letter)$")] = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 200,
+    before_id: Annotated[int | None, Query(ge=1)] = None,
+) -> list[ErrorOut]:
+    with ctx.db.read() as session:
+        return [ErrorOut.of(row) for row in error_rows.list_errors(session, kind, limit, before_id)]

@@ -1,0 +1,42 @@
+"""Server-Sent Events: the live queue. Resumes from Last-Event-ID after a reconnect."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Annotated
+
+from fastapi import APIRouter, Header, Query
+from fastapi.sse import EventSourceResponse, ServerSentEvent
+
+from app.deps import Ctx, User
+
+router = APIRouter(tags=["live"])
+RETRY_MS = 2000
+
+
+def _parse_id(value: str | None) -> int | None:
+    try:
+        return int(value) if value not in (None, "") else None
+    except ValueError:
+        return None
+
+
+@router.get("/api/events", response_class=EventSourceResponse)
+async def events(
+    ctx: Ctx, _user: User,
+    last_event_id: Annotated[str | None, Header(max_length=32)] = None,
+    after: Annotated[str | None, Query(max_length=32, description="Last-Event-ID for new EventSources")] = None,
+) -> AsyncIterator[ServerSentEvent]:
+    """`chat` and `errorlog` events carry ids; `hello` (first connect) and `resync` (reload your
+    list: the events you missed are gone) carry the id to resume from; `status` tells the
+    state of the Pub/Sub feed."""
+    assert ctx.hub is not None
+    start = _parse_id(last_event_id) if last_event_id else _parse_id(after)
+    first = True
+    async for event in ctx.hub.stream(start):
+        yield ServerSentEvent(
+            event=event.kind, data=event.data,
+            id=str(event.id) if event.id is not None else None,
+            retry=RETRY_MS if first else None,
+        )
+        first = False

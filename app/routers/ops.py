@@ -1,0 +1,39 @@
+"""Probes for orchestrators and scrapers: liveness, readiness, Prometheus metrics.
+
+They need no login: they reveal counts, never chat content.
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+from fastapi.responses import JSONResponse, PlainTextResponse
+
+from app import metrics
+from app.deps import Ctx
+
+router = APIRouter(tags=["ops"])
+
+
+@router.get("/healthz")
+def healthz() -> dict[str, str]:
+    """The process answers."""
+    return {"status": "ok"}
+
+
+@router.get("/readyz")
+def readyz(ctx: Ctx) -> JSONResponse:
+    """Ready when the database answers and every subscriber's stream is running."""
+    database = ctx.db.ping()
+    feed = ctx.feed_state()
+    subscribers = [s.status().as_dict() for s in ctx.subscribers]
+    ready = database and feed in ("running", "off")
+    return JSONResponse(
+        {"status": "ready" if ready else "not ready", "database": database, "feed": feed,
+         "subscribers": subscribers},
+        status_code=200 if ready else 503,
+    )
+
+
+@router.get("/metrics", response_class=PlainTextResponse)
+def prometheus(ctx: Ctx) -> PlainTextResponse:
+    return PlainTextResponse(metrics.render(ctx), media_type="text/plain; version=0.0.4; charset=utf-8")

@@ -1,0 +1,190 @@
+"""Shapes of the JSON API (and of what templates get): built from ORM rows, never the reverse.
+
+Sentiments travel as names ("negative"), not the -1/0/1 the database sorts by.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from app.models import AuditEntry, Chat, ErrorEvent, Insight
+from app import sentiments
+from chatlens.contracts import MAX_REPLY_CHARS
+
+SentimentName = Literal["negative", "neutral", "positive"]
+
+
+def sentiment_name(value: int | None) -> SentimentName | None:
+    return None if value is None else sentiments.name(value)  # type: ignore[return-value]
+
+
+class ChatSummary(BaseModel):
+    """One queue row."""
+
+    chat_id: str
+    tenant: str | None
+    customer_id: str
+    language: str | None
+    closed: bool
+    window_id: str
+    sentiment: SentimentName
+    predicted_sentiment: SentimentName
+    confidence: float
+    summary: str
+    status: str
+    assignee: str | None
+    waiting_since: datetime
+    updated_at: datetime
+    updated_by: str | None
+    version: int
+    has_draft: bool
+    draft_edited: bool
+
+    @classmethod
+    def of(cls, chat: Chat) -> ChatSummary:
+        return cls(
+            chat_id=chat.chat_id, tenant=chat.tenant, customer_id=chat.customer_id,
+            language=chat.language, closed=chat.closed, window_id=chat.window_id,
+            sentiment=sentiment_name(chat.effective_sentiment),
+            predicted_sentiment=sentiment_name(chat.sentiment), confidence=chat.confidence,
+            summary=chat.summary, status=chat.status, assignee=chat.assignee,
+            waiting_since=chat.waiting_since, updated_at=chat.updated_at, updated_by=chat.updated_by,
+            version=chat.version, has_draft=bool(chat.draft), draft_edited=chat.draft_edited,
+        )
+
+
+class TranscriptMessage(BaseModel):
+    message_id: str
+    sender: str
+    user_id: str
+    text: str
+    sent_at: datetime
+
+
+class ChatDetail(ChatSummary):
+    """A chat with its current window: what the review pane shows."""
+
+    draft: str | None
+    reject_reason: str | None
+    corrected_sentiment: SentimentName | None
+    scores: dict[str, float]
+    flags: list[str]
+    model_id: str | None
+    prompt_version: str | None
+    analyzed_at: datetime | None
+    published_at: datetime | None
+    windows_seen: int
+    transcript: list[TranscriptMessage]
+
+    @classmethod
+    def of_chat(cls, chat: Chat, insight: Insight | None) -> ChatDetail:
+        base = ChatSummary.of(chat).model_dump()
+        return cls(
+            **base, draft=chat.draft, reject_reason=chat.reject_reason,
+            corrected_sentiment=sentiment_name(chat.corrected_sentiment),
+            scores=dict(insight.scores) if insight else {},
+            flags=list(insight.flags) if insight else [],
+            model_id=insight.model_id if insight else None,
+            prompt_version=insight.prompt_version if insight else None,
+            analyzed_at=insight.analyzed_at if insight else None,
+            published_at=insight.published_at if insight else None,
+            windows_seen=chat.windows_seen,
+            transcript=[TranscriptMessage.model_validate(m) for m in (insight.transcript if insight else [])],
+        )
+
+
+class QueueOut(BaseModel):
+    items: list[ChatSummary]
+    total: int
+    counts: dict[str, int] = Field(description="Chats per sentiment under the other filters.")
+
+
+class DraftIn(BaseModel):
+    text: str = Field(min_length=1, max_length=MAX_REPLY_CHARS)
+    version: int = Field(description="The version you edited; a newer one on the server gives 409.")
+
+
+class ApproveIn(BaseModel):
+    version: int
+    text: str | None = Field(None, max_length=MAX_REPLY_CHARS, description="Save this text, then approve.")
+
+
+class RejectIn(BaseModel):
+    version: int
+    reason: str = Field(min_length=1, max_length=500)
+
+
+class AssignIn(BaseModel):
+    assignee: str | None = Field(description='A username, "me", or null for nobody.')
+
+
+class SentimentIn(BaseModel):
+    corrected: SentimentName
+
+
+class ConflictOut(BaseModel):
+    detail: str
+    current: ChatDetail
+
+
+class LoginIn(BaseModel):
+    username: str = Field(min_length=1, max_length=64)
+    password: str = Field(min_length=1, max_length=1024)
+
+
+class SessionOut(BaseModel):
+    username: str
+    role: str
+    csrf_token: str = Field(description="Send as the X-CSRF-Token header on every change.")
+
+
+class AuditOut(BaseModel):
+    id: int
+    at: datetime
+    actor: str
+    action: str
+    chat_id: str | None
+    window_id: str | None
+    before: dict[str, Any] | None
+    after: dict[str, Any] | None
+
+    @classmethod
+    def of(cls, entry: AuditEntry) -> AuditOut:
+        return cls.model_validate(entry, from_attributes=True)
+
+    def changes(self) -> list[tuple[str, Any, Any]]:
+        """(field, before, after) for each field the action changed (the version aside)."""
+        before, after = self.before or {}, self.after or {}
+        keys = [k for k in {**before, **after} if k != "version"]
+        return [(k, before.get(k), after.get(k)) for k in keys if before.get(k) != after.get(k)]
+
+
+class ErrorOut(BaseModel):
+    id: int
+    source: str
+    kind: str
+    message_id: str | None
+    stage: str | None
+    error_class: str | None
+    error_message: str
+    chat_id: str | None
+    attributes: dict[str, str]
+    failed_at: datetime | None
+    received_at: datetime
+    payload_preview: str = Field(description="The payload as text, cut at 2,000 characters.")
+    payload_bytes: int
+
+    @classmethod
+    def of(cls, row: ErrorEvent) -> ErrorOut:
+        text = row.payload.decode("utf-8", errors="replace")
+        return cls(
+            id=row.id, source=row.source, kind=row.kind, message_id=row.message_id, stage=row.stage,
+            error_class=row.error_class, error_message=row.error_message, chat_id=row.chat_id,
+            attributes={str(k): str(v) for k, v in (row.attributes or {}).items()},
+            failed_at=row.failed_at, received_at=row.received_at,
+            payload_preview=text[:2000] + (" …" if len(text) > 2000 else ""),
+            payload_bytes=len(row.payload),
+        )
