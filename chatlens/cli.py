@@ -20,6 +20,7 @@ COMMANDS: dict[str, str] = {
     "pubsub-emulator": "chatlens.pubsub.emulator",
     "pubsub-init": "chatlens.pubsub.admin",
     "demo": "chatlens.demo",
+    "simulate": "chatlens.simulate",
     "eval": "pipeline.evaluate",
 }
 

@@ -15,6 +15,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from chatlens.config import DEFAULT_PROJECT
 
@@ -24,6 +25,8 @@ class Service:
     name: str
     argv: list[str]
     process: subprocess.Popen | None = field(default=None, repr=False)
+    lines: int = 0  # lines of output so far (the simulator prints one per chat sent)
+    quiet: bool = False  # count the output instead of printing it
 
 
 def chatlens_argv(*args: str) -> list[str]:
@@ -49,7 +52,9 @@ class Supervisor:
     @staticmethod
     def _relay(service: Service) -> None:
         for line in service.process.stdout:  # type: ignore[union-attr]
-            print(f"[{service.name}] {line}", end="", flush=True)
+            service.lines += 1
+            if not service.quiet:
+                print(f"[{service.name}] {line}", end="", flush=True)
 
     def failed(self) -> Service | None:
         return next((s for s in self.services if s.process and s.process.poll() not in (None, 0)), None)
@@ -69,33 +74,93 @@ class Supervisor:
                 service.process.wait()
 
 
+def metric_sum(text: str, name: str) -> float:
+    """Sum of every sample of one metric family in Prometheus text."""
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith(name) and not line.startswith("#") and line[len(name)] in " {")
+
+
+def status_line(dashboard: str, simulated: int) -> str:
+    import httpx
+
+    try:
+        text = httpx.get(f"{dashboard}/metrics", timeout=5).text
+    except httpx.HTTPError:
+        return f"sent {simulated} chats; dashboard not answering yet"
+    analysed = metric_sum(text, "chatlens_dashboard_insights_stored")
+    dead = metric_sum(text, "chatlens_dashboard_errors_stored")
+    lag = metric_sum(text, "chatlens_dashboard_lag_seconds{subscriber=\"insights\"}")
+    return f"sent {simulated} chats · analysed {analysed:.0f} windows · dead-lettered {dead:.0f} · lag {lag:.0f} s"
+
+
+def create_staff(env: dict[str, str], state: Path) -> str | None:
+    """A demo supervisor account; its password is printed once, when it is created."""
+    import secrets
+
+    marker = state / "staff-created"
+    if marker.exists():
+        return None
+    password = secrets.token_urlsafe(12)
+    subprocess.run(chatlens_argv("users", "add", "demo", "--role", "supervisor", "--password-stdin"),
+                   input=password + "\n", text=True, env=env, check=True, capture_output=True)
+    marker.touch()
+    return password
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=int, default=8085, help="local Pub/Sub server port (default: %(default)s)")
+    parser.add_argument("--dashboard-port", type=int, default=8000, help="dashboard port (default: %(default)s)")
     parser.add_argument("--project", default=DEFAULT_PROJECT, help="project id (default: %(default)s)")
-    parser.add_argument("--once", action="store_true", help="set everything up, print the plan and stop")
+    parser.add_argument("--rate", type=float, default=4.0, help="simulated chats per minute (default: %(default)s)")
+    parser.add_argument("--state", type=Path, default=Path(".chatlens-demo"),
+                        help="directory for the demo database and markers (default: %(default)s)")
+    parser.add_argument("--once", action="store_true", help="set up Pub/Sub and the model, print the plan and stop")
 
 
 def run(args: argparse.Namespace) -> int:
+    from chatlens.config import get_settings
     from chatlens.pubsub.admin import ensure_layout
     from chatlens.pubsub.emulator import wait_ready
 
     host = f"localhost:{args.port}"
-    env = {**os.environ, "PUBSUB_EMULATOR_HOST": host, "CHATLENS_PROJECT": args.project, "PYTHONUNBUFFERED": "1"}
+    dashboard = f"http://127.0.0.1:{args.dashboard_port}"
+    args.state.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "PUBSUB_EMULATOR_HOST": host, "CHATLENS_PROJECT": args.project, "PYTHONUNBUFFERED": "1",
+           "CHATLENS_DATABASE_URL": f"sqlite:///{(args.state / 'dashboard.db').resolve()}",
+           "CHATLENS_PORT": str(args.dashboard_port)}
     supervisor = Supervisor(env)
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     try:
+        print("preparing the embedded Gemma (converted once, then cached)…", flush=True)
+        from pipeline.model.sources import resolve_model
+
+        source = resolve_model(get_settings().model)
+        print(f"model ready: {source.model_id} at {source.preset}")
         supervisor.start(Service("pubsub", chatlens_argv("pubsub-emulator", "--port", str(args.port))))
         wait_ready(host, timeout=30)
         os.environ["PUBSUB_EMULATOR_HOST"] = host
         created = ensure_layout(args.project)
         print(f"Pub/Sub server on {host}; project {args.project}: {len(created)} resources created")
-        print("The demo runs: the local Pub/Sub server (above), `chatlens pipeline` (Gemma on Beam),\n"
-              "`chatlens dashboard` (the review queue) and `chatlens simulate` (realistic chats).")
         if args.once:
+            print("`make demo` runs: this Pub/Sub server, `chatlens dashboard`, `chatlens pipeline` "
+                  "(windows and messages mode) and `chatlens simulate`.")
             return 0
-        print("Ctrl-C stops everything.")
+        password = create_staff(env, args.state)
+        supervisor.start(Service("dashboard", chatlens_argv("dashboard")))
+        for mode in ("windows", "messages"):
+            supervisor.start(Service(f"pipeline-{mode}", chatlens_argv("pipeline", "--mode", mode)))
+        simulate = supervisor.start(Service("simulate", chatlens_argv("simulate", "--rate", str(args.rate)),
+                                            quiet=True))
+        print(f"\nDashboard: {dashboard}  (user 'demo'"
+              + (f", password {password} — shown once)" if password else ", password as printed on the first run)"))
+        print("The pipelines load Gemma and compile for a minute or two before the first insights arrive.")
+        print("Ctrl-C stops everything.\n", flush=True)
+        next_status = time.monotonic() + 20
         while (failed := supervisor.failed()) is None:
             time.sleep(0.5)
+            if time.monotonic() >= next_status:
+                print(f"[status] {status_line(dashboard, simulate.lines)}", flush=True)
+                next_status = time.monotonic() + 20
         print(f"{failed.name} exited with status {failed.process.returncode}; stopping", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
