@@ -82,11 +82,12 @@ def vader_predict(windows: Sequence[ChatWindow]) -> list[int]:
     return predictions
 
 
-def gemma_predictor(model: str, variant: str | None, batch_size: int, progress) -> Callable:
+def gemma_predictor(model: str, variant: str | None, batch_size: int, progress, cache: Path | None = None
+                    ) -> Callable:
     """A predictor running GemmaModelHandler's sentiment task, batch by batch."""
     from pipeline.model.handler import GemmaModelHandler
 
-    handler = GemmaModelHandler(model, task="sentiment", prompt_variant=variant, large_model=False)
+    handler = GemmaModelHandler(model, task="sentiment", prompt_variant=variant, large_model=False, cache_dir=cache)
     engine = handler.load_model()
 
     def predict(windows: Sequence[ChatWindow]) -> list[int]:
@@ -110,6 +111,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", action="append", help="model spec, repeatable (default: CHATLENS_MODEL or gemma3-270m)")
     parser.add_argument("--prompt-variant", action="append", choices=["completion", "chat"],
                         help="prompt variant, repeatable (default: the model's own kind)")
+    parser.add_argument("--model-cache", type=Path, help="model cache directory (default: CHATLENS_CACHE)")
     parser.add_argument("--batch-size", type=int, default=8, help="chats per model call (default: %(default)s)")
     parser.add_argument("--no-vader", action="store_true", help="skip the VADER baseline")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
@@ -130,7 +132,7 @@ def run(args: argparse.Namespace) -> int:
         for variant in args.prompt_variant or [None]:
             with tqdm(total=len(windows), desc=f"{model} {variant or ''}".strip(), file=sys.stderr,
                       disable=args.json and not sys.stderr.isatty()) as bar:
-                predict = gemma_predictor(model, variant, args.batch_size, bar.update)
+                predict = gemma_predictor(model, variant, args.batch_size, bar.update, args.model_cache)
                 predicted = predict(windows)
             name = f"{model}/{predict.prompt_version.rsplit('/', 1)[-1]}"
             results[name] = {**scores(truth, predicted), "model_id": predict.model_id,
