@@ -30,6 +30,7 @@ import keras_hub  # noqa: E402
 import numpy as np  # noqa: E402
 
 from chatlens.contracts import MAX_REPLY_CHARS, MAX_SUMMARY_CHARS, ChatWindow
+from pipeline.model.analysis import WindowAnalysis  # noqa: F401  (re-exported)
 from pipeline.model.generation import BATCH_BUCKETS, LENGTH_BUCKETS, bucket, clean_completion, is_degenerate
 from pipeline.prompts import PromptSet, fit_transcript, transcript_lines
 
@@ -56,26 +57,6 @@ class Generated:
     tokens: int
     degenerate: bool = False
     retried: bool = False
-
-
-@dataclass(frozen=True)
-class WindowAnalysis:
-    """What the model says about one chat window (the pipeline turns it into a ChatInsight)."""
-
-    scores: tuple[float, float, float]  # calibrated P(negative), P(neutral), P(positive)
-    summary: str
-    model_id: str
-    prompt_version: str
-    flags: tuple[str, ...] = ()
-    reply_draft: str | None = None
-
-    @property
-    def sentiment(self) -> int:
-        return int(np.argmax(self.scores)) - 1
-
-    @property
-    def confidence(self) -> float:
-        return float(max(self.scores))
 
 
 @dataclass
