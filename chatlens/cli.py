@@ -22,6 +22,8 @@ COMMANDS: dict[str, str] = {
     "demo": "chatlens.demo",
     "simulate": "chatlens.simulate",
     "eval": "pipeline.evaluate",
+    "pipeline": "pipeline.streaming",
+    "analyze": "pipeline.batch",
 }
 
 

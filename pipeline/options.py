@@ -1,0 +1,259 @@
+"""The options of `chatlens pipeline`: one table, wired into argparse and into Beam.
+
+Every ChatLens option is declared once in `OPTIONS`. The `chatlens pipeline` command
+adds them to its argparse parser (`add_pipeline_arguments`), and `ChatLensOptions`
+registers the same table with Beam, so the values travel inside the job's
+PipelineOptions (visible in the Dataflow UI) and `options.view_as(ChatLensOptions)`
+reads them back. Arguments the command does not know are Beam options
+(`--region`, `--temp_location`, `--flink_master`, ...) and go to PipelineOptions as
+they are. Nothing heavy is imported at module level, so `chatlens --help` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, fields
+from typing import Any
+
+from chatlens.config import LAYOUT
+
+LOCAL_RUNNERS = ("BundleBasedDirectRunner", "DirectRunner", "SwitchingDirectRunner")
+DEFAULT_RUNNER = "BundleBasedDirectRunner"
+MODEL_TAG = "chatlens-gemma"
+"""RunInference `model_identifier` shared by the analysis and reply stages: one model per machine."""
+
+
+@dataclass(frozen=True)
+class Option:
+    flag: str
+    help: str
+    default: Any = None
+    type: Any = str
+    choices: tuple[str, ...] | None = None
+    metavar: str | None = None
+
+    @property
+    def dest(self) -> str:
+        return self.flag.lstrip("-").replace("-", "_")
+
+
+OPTIONS: tuple[Option, ...] = (
+    Option("--runner", f"Beam runner (default {DEFAULT_RUNNER}; DataflowRunner, FlinkRunner, ... take their "
+           "own Beam options, passed through as they are)", DEFAULT_RUNNER),
+    Option("--project", "Google Cloud project id, at least 6 characters (default: CHATLENS_PROJECT, "
+           "else chatlens-local)"),
+    Option("--mode", "input: 'windows' (each message is a ChatWindow) or 'messages' (each message is a "
+           "ChatMessage, sessionised per chat) (default windows)", "windows", choices=("windows", "messages")),
+    Option("--subscription", "input subscription id or path (default: "
+           f"{LAYOUT.windows_subscription} in windows mode, {LAYOUT.messages_subscription} in messages mode)"),
+    Option("--results-topic", f"topic id or path for ChatInsights (default {LAYOUT.insights_topic})",
+           LAYOUT.insights_topic),
+    Option("--deadletter-topic", f"topic id or path for DeadLetters (default {LAYOUT.deadletter_topic})",
+           LAYOUT.deadletter_topic),
+    Option("--timestamp-attribute", "message attribute holding the event time (RFC 3339 or epoch millis); "
+           "default: the Pub/Sub publish time", metavar="NAME"),
+    Option("--model", "model spec: 'gemma3-270m', a keras-hub preset directory or handle "
+           "(default: CHATLENS_MODEL, else gemma3-270m)"),
+    Option("--model-cache", "where converted models are cached (default: CHATLENS_CACHE)", metavar="DIR"),
+    Option("--prompt-variant", "prompt set: 'completion' or 'chat' (default: follows the model kind)"),
+    Option("--min-batch-size", "smallest model batch (default 1)", 1, int),
+    Option("--max-batch-size", "largest model batch (default 8)", 8, int),
+    Option("--max-batch-duration-secs", "longest a batch waits to fill up; 0 batches within a bundle only "
+           "(default 1)", 1, int),
+    Option("--model-copies", "copies of the model per machine, e.g. one per GPU (default 1)", 1, int),
+    Option("--reply-for", "which chats get a reply draft (default negative)", "negative",
+           choices=("negative", "all", "none")),
+    Option("--session-gap-secs", "messages mode: a chat's session ends after this much silence (default 600)",
+           600, int),
+    Option("--early-fire-count", "messages mode: analyse a growing chat again after this many new messages "
+           "(default 4)", 4, int),
+    Option("--early-fire-secs", "messages mode: ... or this many seconds after a new message (default 30)",
+           30, int),
+    Option("--allowed-lateness-secs", "messages mode: how late a message may arrive and still update its "
+           "session; older ones are dead-lettered (default 86400)", 86_400, int),
+    Option("--dedup-ttl-secs", "forget a (chat_id, window_id) this long after first seeing it; redeliveries "
+           "within it are dropped (default 3600)", 3_600, int),
+    Option("--accelerator", "resource hint for the model stage, e.g. "
+           "'type:nvidia-l4;count:1;install-nvidia-driver' (default none)"),
+    Option("--min-ram", "resource hint for the model stage, e.g. '16GB' (default none)"),
+    Option("--max-outstanding", "local runners: most input messages held unacknowledged at once (default 200)",
+           200, int),
+)
+
+
+def add_pipeline_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add every ChatLens pipeline option to an argparse parser (the CLI)."""
+    group = parser.add_argument_group("pipeline options")
+    for option in OPTIONS:
+        group.add_argument(
+            option.flag, dest=option.dest, default=option.default, type=option.type, choices=option.choices,
+            metavar=option.metavar, help=option.help,
+        )
+
+
+def _register(parser) -> None:
+    """The same table for Beam's parser (`_BeamArgumentParser`)."""
+    for option in OPTIONS:
+        if option.dest in ("runner", "project"):
+            continue  # Beam's own StandardOptions / GoogleCloudOptions carry these
+        flag = "--" + option.dest  # Beam spells options with underscores
+        parser.add_argument(flag, dest=option.dest, default=option.default, type=option.type,
+                            choices=option.choices, help=option.help)
+
+
+def chatlens_options_class():
+    """`ChatLensOptions`, defined on first use so that importing this module stays cheap."""
+    global _OPTIONS_CLASS
+    if _OPTIONS_CLASS is None:
+        from apache_beam.options.pipeline_options import PipelineOptions
+
+        class ChatLensOptions(PipelineOptions):
+            """ChatLens's options inside Beam's PipelineOptions (`options.view_as(ChatLensOptions)`)."""
+
+            @classmethod
+            def _add_argparse_args(cls, parser):
+                _register(parser)
+
+        _OPTIONS_CLASS = ChatLensOptions
+    return _OPTIONS_CLASS
+
+
+_OPTIONS_CLASS = None
+
+
+@dataclass(frozen=True)
+class PipelineConfig:
+    """The resolved options of one pipeline run (defaults filled in from Settings and LAYOUT)."""
+
+    project: str
+    runner: str = DEFAULT_RUNNER
+    mode: str = "windows"
+    subscription: str = LAYOUT.windows_subscription
+    results_topic: str = LAYOUT.insights_topic
+    deadletter_topic: str = LAYOUT.deadletter_topic
+    timestamp_attribute: str | None = None
+    model: str = "gemma3-270m"
+    model_cache: str | None = None
+    prompt_variant: str | None = None
+    min_batch_size: int = 1
+    max_batch_size: int = 8
+    max_batch_duration_secs: int = 1
+    model_copies: int = 1
+    reply_for: str = "negative"
+    session_gap_secs: int = 600
+    early_fire_count: int = 4
+    early_fire_secs: int = 30
+    allowed_lateness_secs: int = 86_400
+    dedup_ttl_secs: int = 3_600
+    accelerator: str | None = None
+    min_ram: str | None = None
+    max_outstanding: int = 200
+    large_model: bool = True
+    model_tag: str = MODEL_TAG
+
+    def __post_init__(self):
+        problems = []
+        if len(self.project) < 6:
+            problems.append(f"--project {self.project!r}: Beam needs a project id of at least 6 characters")
+        if self.min_batch_size < 1 or self.max_batch_size < self.min_batch_size:
+            problems.append("batch sizes: need 1 <= --min-batch-size <= --max-batch-size")
+        for name in ("session_gap_secs", "early_fire_count", "early_fire_secs", "dedup_ttl_secs",
+                     "model_copies", "max_outstanding"):
+            if getattr(self, name) < 1:
+                problems.append(f"--{name.replace('_', '-')} must be at least 1")
+        for name in ("allowed_lateness_secs", "max_batch_duration_secs"):
+            if getattr(self, name) < 0:
+                problems.append(f"--{name.replace('_', '-')} must not be negative")
+        if problems:
+            raise ValueError("; ".join(problems))
+
+    @property
+    def local(self) -> bool:
+        """The runner runs the pipeline in this process (the command waits for it)."""
+        return self.runner.split(".")[-1] in LOCAL_RUNNERS
+
+    @property
+    def acks_after_publish(self) -> bool:
+        """Use the leasing Pub/Sub read (acknowledge once the outcome is published).
+
+        Only on the BundleBasedDirectRunner, whose read evaluator it extends; the
+        DirectRunner may hand the graph to Prism, which needs the plain ReadFromPubSub.
+        """
+        return self.runner.split(".")[-1] == DEFAULT_RUNNER
+
+    @property
+    def subscription_path(self) -> str:
+        from chatlens.config import subscription_path
+
+        return _path(self.subscription, self.project, "subscriptions", subscription_path)
+
+    @property
+    def results_topic_path(self) -> str:
+        from chatlens.config import topic_path
+
+        return _path(self.results_topic, self.project, "topics", topic_path)
+
+    @property
+    def deadletter_topic_path(self) -> str:
+        from chatlens.config import topic_path
+
+        return _path(self.deadletter_topic, self.project, "topics", topic_path)
+
+    def replies_for(self, sentiment: int) -> bool:
+        return self.reply_for == "all" or (self.reply_for == "negative" and sentiment < 0)
+
+    def model_resource_hints(self) -> dict[str, str]:
+        hints = {}
+        if self.accelerator:
+            hints["accelerator"] = self.accelerator
+        if self.min_ram:
+            hints["min_ram"] = self.min_ram
+        return hints
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> PipelineConfig:
+        from chatlens.config import get_settings
+
+        settings = get_settings()
+        known = {f.name for f in fields(cls)}
+        values = {k: v for k, v in vars(args).items() if k in known and v is not None}
+        values["project"] = args.project or settings.project
+        values["model"] = args.model or settings.model
+        values.setdefault("model_cache", str(settings.cache))
+        if not args.subscription:
+            values["subscription"] = (
+                LAYOUT.messages_subscription if values.get("mode") == "messages" else LAYOUT.windows_subscription
+            )
+        return cls(**values)
+
+
+def _path(name: str, project: str, kind: str, make) -> str:
+    return name if name.startswith("projects/") else make(project, name)
+
+
+def beam_options(config: PipelineConfig, beam_args: list[str] | None = None, *, streaming: bool = True):
+    """Beam PipelineOptions for `config`, plus Beam's own arguments passed through."""
+    from apache_beam.options.pipeline_options import (
+        GoogleCloudOptions,
+        PipelineOptions,
+        SetupOptions,
+        StandardOptions,
+    )
+
+    chatlens_options_class()  # registers ChatLens's options with Beam's parser
+    flags = list(beam_args or [])
+    for field in fields(config):
+        option = next((o for o in OPTIONS if o.dest == field.name), None)
+        value = getattr(config, field.name)
+        if option is None or field.name in ("runner", "project") or value is None:
+            continue
+        flags.append(f"--{field.name}={value}")
+    options = PipelineOptions(flags)
+    options.view_as(StandardOptions).runner = config.runner
+    options.view_as(StandardOptions).streaming = streaming
+    options.view_as(GoogleCloudOptions).project = config.project
+    # Everything the workers run lives in installed modules (chatlens, pipeline), never
+    # in __main__, so there is no main session to save. Workers need the package itself:
+    # a custom container or --setup_file.
+    options.view_as(SetupOptions).save_main_session = False
+    return options
