@@ -19,6 +19,8 @@ from chatlens.config import LAYOUT
 
 LOCAL_RUNNERS = ("BundleBasedDirectRunner", "DirectRunner", "SwitchingDirectRunner")
 DEFAULT_RUNNER = "BundleBasedDirectRunner"
+MODEL_STAGES = ("gemma", "noop")
+"""--model-stage: the real model, or the benchmarking baseline (pipeline/model/noop.py)."""
 MODEL_TAG = "chatlens-gemma"
 """RunInference `model_identifier` shared by the analysis and reply stages: one model per machine."""
 
@@ -55,6 +57,10 @@ OPTIONS: tuple[Option, ...] = (
     Option("--model", "model spec: 'gemma3-270m', a keras-hub preset directory or handle "
            "(default: CHATLENS_MODEL, else gemma3-270m)"),
     Option("--model-cache", "where converted models are cached (default: CHATLENS_CACHE)", metavar="DIR"),
+    Option("--model-stage", "what the model stages run: 'gemma' (default), or 'noop', a benchmarking baseline "
+           "for bench/e2e.py that keeps the RunInference stages but answers every window at once with a fixed "
+           "neutral analysis (model_id noop-baseline), to measure the pipeline's own overhead; never for real "
+           "traffic", "gemma", choices=MODEL_STAGES),
     Option("--prompt-variant", "prompt set: 'completion' or 'chat' (default: follows the model kind)"),
     Option("--min-batch-size", "smallest model batch (default 1)", 1, int),
     Option("--max-batch-size", "largest model batch (default 8)", 8, int),
@@ -134,6 +140,7 @@ class PipelineConfig:
     timestamp_attribute: str | None = None
     model: str = "gemma3-270m"
     model_cache: str | None = None
+    model_stage: str = "gemma"
     prompt_variant: str | None = None
     min_batch_size: int = 1
     max_batch_size: int = 8
@@ -164,6 +171,8 @@ class PipelineConfig:
         for name in ("allowed_lateness_secs", "max_batch_duration_secs"):
             if getattr(self, name) < 0:
                 problems.append(f"--{name.replace('_', '-')} must not be negative")
+        if self.model_stage not in MODEL_STAGES:
+            problems.append(f"--model-stage must be one of {', '.join(MODEL_STAGES)}, not {self.model_stage!r}")
         if problems:
             raise ValueError("; ".join(problems))
 

@@ -633,7 +633,7 @@ class AnalyzeWindows(beam.PTransform):
     """
 
     def __init__(self, handler_kwargs: dict[str, Any], reply_for: str = "negative", model_tag: str | None = None,
-                 resource_hints: dict[str, str] | None = None):
+                 resource_hints: dict[str, str] | None = None, model_stage: str = "gemma"):
         super().__init__()
         if reply_for not in ("negative", "all", "none"):
             raise ValueError(f"reply_for must be negative, all or none, not {reply_for!r}")
@@ -641,13 +641,16 @@ class AnalyzeWindows(beam.PTransform):
         self._reply_for = reply_for
         self._model_tag = model_tag
         self._hints = dict(resource_hints or {})
+        self._model_stage = model_stage
+        if model_stage != "gemma" and model_tag:
+            self._model_tag = f"{model_tag}-{model_stage}"  # never attach to a loaded Gemma
 
     def _run_inference(self, task: str):
         from apache_beam.ml.inference.base import KeyedModelHandler, RunInference
 
-        from pipeline.model.handler import GemmaModelHandler
+        from pipeline.model.noop import model_handler_class
 
-        handler = KeyedModelHandler(GemmaModelHandler(task=task, **self._handler_kwargs))
+        handler = KeyedModelHandler(model_handler_class(self._model_stage)(task=task, **self._handler_kwargs))
         transform = RunInference(handler, model_identifier=self._model_tag)
         if self._hints:
             transform = transform.with_resource_hints(**self._hints)
@@ -730,7 +733,8 @@ class AnalyzeChats(beam.PTransform):
             raise ValueError(f"mode must be windows or messages, not {config.mode!r}")
         fresh = windows | "Deduplicate" >> DeduplicateWindows(config.dedup_ttl_secs)
         analysed = fresh.windows | "AnalyzeWindows" >> AnalyzeWindows(
-            handler_kwargs(config), config.reply_for, config.model_tag, config.model_resource_hints())
+            handler_kwargs(config), config.reply_for, config.model_tag, config.model_resource_hints(),
+            config.model_stage)
         dead = [*invalid, analysed[DEAD_LETTER]] | "DeadLetters" >> beam.Flatten()
         return {"insights": analysed["insights"], DEAD_LETTER: dead, SETTLED: fresh[SETTLED]}
 

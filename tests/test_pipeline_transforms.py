@@ -440,3 +440,56 @@ def test_messages_mode_graph_with_the_real_model(real_handler):
     assert [(i.chat_id, [m.message_id for m in i.transcript], i.closed) for i in insights] == [
         ("s1", ids("s1", 1, 2), True)]
     assert insights[0].reply_draft and dead == [("validate", ("bad",))] and settled
+
+
+# ---- the noop model stage (bench/e2e.py's baseline) ----------------------------------------
+def test_model_stage_noop_option_and_baseline_handler():
+    import argparse
+
+    from apache_beam.ml.inference.base import RunInference
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    from pipeline.model.analysis import WindowAnalysis
+    from pipeline.model.noop import NOOP_FLAG, NOOP_MODEL_ID, NoopModelHandler
+    from pipeline.options import beam_options, chatlens_options_class
+    from pipeline.streaming import add_arguments, build
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    assert PipelineConfig.from_args(parser.parse_args([])).model_stage == "gemma"  # never the default
+    config = PipelineConfig.from_args(parser.parse_args(["--model-stage", "noop"]))
+    assert config.model_stage == "noop"
+    assert beam_options(config).view_as(chatlens_options_class()).model_stage == "noop"
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--model-stage", "fast"])
+    with pytest.raises(ValueError, match="model-stage"):
+        PipelineConfig(project="chatlens-test", model_stage="fast")
+
+    chat = parse_window(e2e_windows()[0])
+    handler = NoopModelHandler(task="analyze", large_model=False)
+    [result] = handler.run_inference([chat], handler.load_model())
+    analysis = result.inference
+    assert isinstance(analysis, WindowAnalysis) and analysis.sentiment == 0 and sum(analysis.scores) == 1
+    assert analysis.model_id == NOOP_MODEL_ID and NOOP_FLAG in analysis.flags and analysis.summary
+    origin = Origin(chat.chat_id, chat.window_id, b"raw", {}, datetime.now(timezone.utc))
+    insight = build_insight(origin, chat, analysis)
+    ChatInsight.model_validate_json(insight.model_dump_json())
+    assert insight.sentiment == 0 and insight.model_id == NOOP_MODEL_ID and NOOP_FLAG in insight.flags
+    reply = NoopModelHandler(task="reply", large_model=False)
+    [drafted] = reply.run_inference([(chat, analysis)], reply.load_model())
+    assert drafted.inference.reply_draft and drafted.inference.scores == analysis.scores
+
+    # in the graph: both model stages run the baseline, under a tag of their own
+    pipeline = beam.Pipeline(options=PipelineOptions(streaming=True, project="chatlens-test"))
+    build(pipeline, PipelineConfig(project="chatlens-test", runner="DataflowRunner", model_stage="noop"))
+    stages = []
+
+    class Visitor(beam.pipeline.PipelineVisitor):
+        def enter_composite_transform(self, node):
+            if isinstance(node.transform, RunInference):
+                stages.append(node.transform)
+
+    pipeline.visit(Visitor())
+    assert len(stages) == 2
+    assert all(isinstance(t._model_handler._unkeyed, NoopModelHandler) for t in stages)
+    assert {t._model_tag for t in stages} == {f"{config.model_tag}-noop"}
