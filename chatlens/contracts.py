@@ -32,6 +32,8 @@ MAX_SUMMARY_CHARS = 512
 MAX_REPLY_CHARS = 2_000
 MAX_ERROR_CHARS = 2_000
 MAX_PAYLOAD_BYTES = 10 * 1024 * 1024  # Pub/Sub's own message size limit.
+CLOSED_ATTRIBUTE = "closed"
+"""Pub/Sub attribute of a ChatMessage: `closed=true` on the last message of a chat ends it."""
 
 Identifier = Annotated[
     str, StringConstraints(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:@-]*$")

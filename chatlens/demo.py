@@ -74,6 +74,11 @@ class Supervisor:
                 service.process.wait()
 
 
+def _interrupt(signum, frame) -> None:
+    """SIGTERM stops the demo the way Ctrl-C does: every child is stopped in `finally`."""
+    raise KeyboardInterrupt
+
+
 def metric_sum(text: str, name: str) -> float:
     """Sum of every sample of one metric family in Prometheus text."""
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
@@ -129,7 +134,7 @@ def run(args: argparse.Namespace) -> int:
            "CHATLENS_DATABASE_URL": f"sqlite:///{(args.state / 'dashboard.db').resolve()}",
            "CHATLENS_PORT": str(args.dashboard_port)}
     supervisor = Supervisor(env)
-    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    signal.signal(signal.SIGTERM, _interrupt)
     try:
         print("preparing the embedded Gemma (converted once, then cached)…", flush=True)
         from pipeline.model.sources import resolve_model

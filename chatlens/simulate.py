@@ -18,10 +18,9 @@ import time
 from pathlib import Path
 
 from chatlens.config import DEFAULT_PROJECT, LAYOUT, topic_path
-from chatlens.contracts import ChatWindow, parse_window, to_json_bytes
+from chatlens.contracts import CLOSED_ATTRIBUTE, ChatWindow, parse_window, to_json_bytes
 
 DEMO_CHATS = Path(__file__).parent / "data" / "demo_chats.jsonl"
-CLOSED_ATTRIBUTE = "closed"  # read by the pipeline's messages mode
 
 
 def load_chats(path: Path) -> list[ChatWindow]:

@@ -46,6 +46,7 @@ from apache_beam.utils.timestamp import Duration, Timestamp
 from apache_beam.utils.windowed_value import PaneInfoTiming
 
 from chatlens.contracts import (
+    CLOSED_ATTRIBUTE,
     MAX_ERROR_CHARS,
     MAX_PAYLOAD_BYTES,
     MAX_WINDOW_MESSAGES,
@@ -69,8 +70,6 @@ log = logging.getLogger(__name__)
 NAMESPACE = "chatlens"
 DEAD_LETTER = "dead_letter"
 SETTLED = "settled"
-CLOSED_ATTRIBUTE = "closed"
-"""Messages mode: a ChatMessage published with the attribute `closed=true` ends its chat."""
 STAGES = ("validate", "inference", "reply", "postprocess")
 MAX_FLAGS = 16
 # A DeadLetter's JSON must fit in one Pub/Sub message: base64 grows the payload by a third.

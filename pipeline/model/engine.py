@@ -92,7 +92,7 @@ class GemmaEngine:
         self._head_text = template[: template.index("{transcript}")]
         self._head = None  # attention cache of the shared prompt head, built on first use
         self._prefill_fn, self._score_fn = self._build_score_fns()
-        self._calibration = np.ones(3)
+        self._overhead_tokens = {task: len(self._encode(prompts.overhead(task))) for task in prompts.templates}
         self._calibration = self._content_free_bias()
 
     @classmethod
@@ -150,7 +150,7 @@ class GemmaEngine:
     def fitted_transcript(self, task: str, window: ChatWindow) -> tuple[str, bool]:
         """The chat as prompt text, cut from its oldest messages to fit the task's context."""
         budget = self.config.max_prompt_tokens - self._max_new_tokens(task)
-        overhead = len(self._encode(self.prompts.overhead(task)))
+        overhead = self._overhead_tokens[task]
 
         def fits(transcript: str) -> bool:
             return overhead + len(self.tokenize(transcript)) <= budget
