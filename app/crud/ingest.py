@@ -138,6 +138,15 @@ def _store_insight(db: Database, insight: ChatInsight, raw: bytes, message_id: s
         return Outcome.stored, current
 
 
+def _store_invalid(db: Database, source: str, kind: str, model: type, data: bytes, error: ValidationError, *,
+                   message_id: str | None, attributes: dict[str, str] | None, received_at: datetime | None
+                   ) -> Outcome:
+    """A message that is not the topic's contract: kept whole for the errors view, then acked."""
+    return store_error(db, source=source, kind=kind, payload=data, error_class="ValidationError",
+                       error_message=f"not a valid {model.__name__}: {describe_validation_error(error)}",
+                       message_id=message_id, attributes=attributes, received_at=received_at)
+
+
 def ingest_insight(db: Database, data: bytes, *, message_id: str | None = None,
                    attributes: dict[str, str] | None = None,
                    received_at: datetime | None = None) -> Outcome:
@@ -146,10 +155,8 @@ def ingest_insight(db: Database, data: bytes, *, message_id: str | None = None,
     try:
         insight = ChatInsight.model_validate_json(data)
     except ValidationError as error:
-        return store_error(db, source="insights", kind="invalid_insight", payload=data,
-                           error_class="ValidationError",
-                           error_message=f"not a valid ChatInsight: {describe_validation_error(error)}",
-                           message_id=message_id, attributes=attributes, received_at=received_at)
+        return _store_invalid(db, "insights", "invalid_insight", ChatInsight, data, error, message_id=message_id,
+                              attributes=attributes, received_at=received_at)
     for attempt in range(INTEGRITY_RETRIES):
         try:
             return _store_insight(db, insight, data, message_id, received_at)[0]
@@ -168,10 +175,8 @@ def ingest_dead_letter(db: Database, data: bytes, *, message_id: str | None = No
     try:
         letter = DeadLetter.model_validate_json(data)
     except ValidationError as error:
-        return store_error(db, source="deadletter", kind="invalid_dead_letter", payload=data,
-                           error_class="ValidationError",
-                           error_message=f"not a valid DeadLetter: {describe_validation_error(error)}",
-                           message_id=message_id, attributes=attributes, received_at=received_at)
+        return _store_invalid(db, "deadletter", "invalid_dead_letter", DeadLetter, data, error, message_id=message_id,
+                              attributes=attributes, received_at=received_at)
     return store_error(db, source="deadletter", kind="dead_letter", payload=letter.payload,
                        stage=letter.stage, error_class=letter.error_class,
                        error_message=letter.error_message, chat_id=letter.chat_id,
