@@ -55,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
         project=settings.project, mode="windows", model=args.model or settings.model,
         model_cache=args.model_cache or str(settings.cache), prompt_variant=args.prompt_variant,
         max_batch_size=args.max_batch_size, max_batch_duration_secs=0, reply_for=args.reply_for,
-        large_model=False,
+        model_sharing="process",
     )
     started = time.monotonic()
     summary = analyze_file(args.input, out, dead_out, config, progress=not args.no_progress)

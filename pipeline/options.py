@@ -19,8 +19,9 @@ from chatlens.config import LAYOUT
 
 LOCAL_RUNNERS = ("BundleBasedDirectRunner", "DirectRunner", "SwitchingDirectRunner")
 DEFAULT_RUNNER = "BundleBasedDirectRunner"
-MODEL_STAGES = ("gemma", "noop")
-"""--model-stage: the real model, or the benchmarking baseline (pipeline/model/noop.py)."""
+MODEL_STAGES = ("gemma", "remote", "noop")
+"""--model-stage: Gemma on the worker, an OpenAI-compatible endpoint, or the benchmarking baseline."""
+MODEL_SHARING = ("auto", "process", "machine")
 MODEL_TAG = "chatlens-gemma"
 """RunInference `model_identifier` shared by the analysis and reply stages: one model per machine."""
 
@@ -57,10 +58,31 @@ OPTIONS: tuple[Option, ...] = (
     Option("--model", "model spec: 'gemma3-270m', a keras-hub preset directory or handle "
            "(default: CHATLENS_MODEL, else gemma3-270m)"),
     Option("--model-cache", "where converted models are cached (default: CHATLENS_CACHE)", metavar="DIR"),
-    Option("--model-stage", "what the model stages run: 'gemma' (default), or 'noop', a benchmarking baseline "
+    Option("--model-stage", "what the model stages run: 'gemma' (default), Gemma on the worker; 'remote', an "
+           "OpenAI-compatible endpoint (--remote-url, --remote-model); or 'noop', a benchmarking baseline "
            "for bench/e2e.py that keeps the RunInference stages but answers every window at once with a fixed "
            "neutral analysis (model_id noop-baseline), to measure the pipeline's own overhead; never for real "
            "traffic", "gemma", choices=MODEL_STAGES),
+    Option("--remote-url", "--model-stage remote: base URL of an OpenAI-compatible API, e.g. "
+           "http://vllm:8000/v1 (the API key, if any, is read on the workers from CHATLENS_REMOTE_API_KEY)",
+           metavar="URL"),
+    Option("--remote-model", "--model-stage remote: the model name the endpoint serves, e.g. "
+           "google/gemma-3-4b-it", metavar="NAME"),
+    Option("--model-sharing", "how workers share the model: 'machine' (one copy per machine for all worker "
+           "processes, Beam's multi_process_shared), 'process' (one copy per worker process, shared by both "
+           "stages), 'auto' (default: process on local runners, which run in one process; machine elsewhere)",
+           "auto", choices=MODEL_SHARING),
+    Option("--tenant-models", "per-tenant models: 'TENANT=MODEL[,TENANT=MODEL...]' (a chat's tenant field "
+           "picks its model, through Beam's KeyedModelHandler with KeyModelMappings; other tenants use --model)",
+           metavar="MAP"),
+    Option("--max-models-per-worker", "with --tenant-models: most models kept loaded per worker, least "
+           "recently used ones are released (Beam's max_models_per_worker_hint; default: no limit)", type=int,
+           metavar="N"),
+    Option("--model-watch", "switch models without restarting: a file pattern matching a file inside each "
+           "new preset directory, e.g. 'gs://bucket/presets/*/config.json'; the newest match added after the "
+           "start wins (RunInference's watch_model_pattern; local runners watch in the handler)",
+           metavar="PATTERN"),
+    Option("--model-watch-interval-secs", "how often --model-watch looks for new presets (default 60)", 60, int),
     Option("--prompt-variant", "prompt set: 'completion' or 'chat' (default: follows the model kind)"),
     Option("--min-batch-size", "smallest model batch (default 1)", 1, int),
     Option("--max-batch-size", "largest model batch (default 8)", 8, int),
@@ -155,7 +177,13 @@ class PipelineConfig:
     accelerator: str | None = None
     min_ram: str | None = None
     max_outstanding: int = 200
-    large_model: bool = True
+    model_sharing: str = "auto"
+    remote_url: str | None = None
+    remote_model: str | None = None
+    tenant_models: str | None = None
+    max_models_per_worker: int | None = None
+    model_watch: str | None = None
+    model_watch_interval_secs: int = 60
     model_tag: str = MODEL_TAG
 
     def __post_init__(self):
@@ -165,14 +193,23 @@ class PipelineConfig:
         if self.min_batch_size < 1 or self.max_batch_size < self.min_batch_size:
             problems.append("batch sizes: need 1 <= --min-batch-size <= --max-batch-size")
         for name in ("session_gap_secs", "early_fire_count", "early_fire_secs", "dedup_ttl_secs",
-                     "model_copies", "max_outstanding"):
+                     "model_copies", "max_outstanding", "model_watch_interval_secs"):
             if getattr(self, name) < 1:
                 problems.append(f"--{name.replace('_', '-')} must be at least 1")
         for name in ("allowed_lateness_secs", "max_batch_duration_secs"):
             if getattr(self, name) < 0:
                 problems.append(f"--{name.replace('_', '-')} must not be negative")
+        if self.max_models_per_worker is not None and self.max_models_per_worker < 1:
+            problems.append("--max-models-per-worker must be at least 1")
+        if self.model_sharing not in MODEL_SHARING:
+            problems.append(f"--model-sharing must be one of {', '.join(MODEL_SHARING)}, not {self.model_sharing!r}")
         if self.model_stage not in MODEL_STAGES:
             problems.append(f"--model-stage must be one of {', '.join(MODEL_STAGES)}, not {self.model_stage!r}")
+        elif not problems:
+            try:
+                self.model_stage_settings()
+            except ValueError as error:
+                problems.append(str(error))
         if problems:
             raise ValueError("; ".join(problems))
 
@@ -180,6 +217,31 @@ class PipelineConfig:
     def local(self) -> bool:
         """The runner runs the pipeline in this process (the command waits for it)."""
         return self.runner.split(".")[-1] in LOCAL_RUNNERS
+
+    @property
+    def large_model(self) -> bool:
+        """Share one model per machine across worker processes (Beam's `large_model`)?
+
+        Not on local runners by default: they run the job in one process, where Beam's
+        cross-process sharing only adds a manager server and proxies.
+        """
+        if self.model_sharing == "auto":
+            return not self.local
+        return self.model_sharing == "machine"
+
+    def model_stage_settings(self):
+        """The ModelStage (pipeline/model/stages.py) these options describe."""
+        from pipeline.model.stages import ModelStage, parse_tenant_models
+
+        return ModelStage(
+            kind=self.model_stage, model=self.model, cache_dir=self.model_cache, prompt_variant=self.prompt_variant,
+            min_batch_size=self.min_batch_size, max_batch_size=self.max_batch_size,
+            max_batch_duration_secs=self.max_batch_duration_secs or None, large_model=self.large_model,
+            model_copies=self.model_copies if self.model_copies > 1 else None,
+            tenant_models=parse_tenant_models(self.tenant_models), max_models_per_worker=self.max_models_per_worker,
+            watch_pattern=self.model_watch, watch_interval_secs=self.model_watch_interval_secs,
+            watch_in_handler=self.local, remote_url=self.remote_url, remote_model=self.remote_model,
+        )
 
     @property
     def acks_after_publish(self) -> bool:

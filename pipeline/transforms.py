@@ -64,6 +64,7 @@ from chatlens.contracts import (
     parse_window,
     to_json_bytes,
 )
+from pipeline.model.stages import ModelStage
 
 log = logging.getLogger(__name__)
 
@@ -271,11 +272,13 @@ def exception_dead_letter(payload: bytes, stage: str, error: BaseException, **kw
 
 
 def failed_batch_dead_letters(failure: tuple[Sequence[Any], tuple], stage: str) -> Iterable[Output]:
-    """RunInference's failed batches ((batch, (exception type, repr, traceback))) as dead letters."""
+    """RunInference's failed batches ((batch, (exception type, repr, traceback))) as dead letters.
+
+    Batch elements are (route, (origin, example)), as AnalyzeWindows keys them."""
     batch, (error_type, error_repr, _traceback) = failure
     name = getattr(error_type, "__name__", str(error_type))
     log.warning("%s failed for a batch of %d window(s): %s", stage, len(batch), error_repr)
-    for origin, _example in batch:
+    for _route, (origin, _example) in batch:
         yield dead_letter(origin.payload, stage, name, error_repr, attributes=origin.attributes,
                           chat_id=origin.chat_id, source_ids=origin.source_ids)
 
@@ -627,58 +630,65 @@ class AnalyzeWindows(beam.PTransform):
 
     Reshuffle (spread the model work), RunInference 'analyze' (sentiment and summary),
     RunInference 'reply' for the chats `reply_for` selects, both through one shared
-    model (`model_tag`), then the insight. Failed batches become dead letters of stage
-    "inference" or "reply", failed insights of stage "postprocess".
+    model (`model_tag`), then the insight. Elements enter RunInference keyed by their
+    model route (pipeline/model/stages.py) with the origin riding along in the example.
+    Failed batches become dead letters of stage "inference" or "reply", failed insights
+    of stage "postprocess".
     """
 
-    def __init__(self, handler_kwargs: dict[str, Any], reply_for: str = "negative", model_tag: str | None = None,
-                 resource_hints: dict[str, str] | None = None, model_stage: str = "gemma"):
+    def __init__(self, stage: ModelStage, reply_for: str = "negative", model_tag: str | None = None,
+                 resource_hints: dict[str, str] | None = None):
         super().__init__()
         if reply_for not in ("negative", "all", "none"):
             raise ValueError(f"reply_for must be negative, all or none, not {reply_for!r}")
-        self._handler_kwargs = dict(handler_kwargs)
+        self._stage = stage
         self._reply_for = reply_for
         self._model_tag = model_tag
         self._hints = dict(resource_hints or {})
-        self._model_stage = model_stage
-        if model_stage != "gemma" and model_tag:
-            self._model_tag = f"{model_tag}-{model_stage}"  # never attach to a loaded Gemma
+        if stage.kind != "gemma" and model_tag:
+            self._model_tag = f"{model_tag}-{stage.kind}"  # never attach to a loaded Gemma
 
     def _run_inference(self, task: str):
-        from apache_beam.ml.inference.base import KeyedModelHandler, RunInference
+        from apache_beam.ml.inference.base import RunInference
 
-        from pipeline.model.noop import model_handler_class
-
-        handler = KeyedModelHandler(model_handler_class(self._model_stage)(task=task, **self._handler_kwargs))
-        transform = RunInference(handler, model_identifier=self._model_tag)
+        transform = RunInference(self._stage.handler(task), model_identifier=self._model_tag,
+                                 **self._stage.run_inference_kwargs())
         if self._hints:
             transform = transform.with_resource_hints(**self._hints)
         return transform.with_exception_handling()
 
     def expand(self, windows):
         reply_for = self._reply_for
+        stage = self._stage
+
+        def keyed(element):
+            origin, chat = element
+            return stage.route(chat), element
+
         analysed, analyse_failures = (
-            windows | "Reshuffle" >> beam.Reshuffle() | "Analyze" >> self._run_inference("analyze"))
+            windows | "Reshuffle" >> beam.Reshuffle() | "Route" >> beam.Map(keyed)
+            | "Analyze" >> self._run_inference("analyze"))
 
         def route(element):
-            origin, result = element
+            route_key, result = element
+            origin, chat = result.example
             analysis = result.inference
-            wants = reply_for == "all" or (reply_for == "negative" and analysis.sentiment < 0)
-            if wants:
-                yield pvalue.TaggedOutput("reply", (origin, (result.example, analysis)))
+            if reply_for == "all" or (reply_for == "negative" and analysis.sentiment < 0):
+                yield pvalue.TaggedOutput("reply", (route_key, (origin, (chat, analysis))))
             else:
-                yield origin, result.example, analysis
+                yield origin, chat, analysis
 
         routed = analysed | "RouteReplies" >> beam.FlatMap(route).with_outputs("reply", main="done")
         if reply_for == "none":
             replied = routed.done
             reply_failures = None
         else:
+            def unpack(element):
+                origin, (chat, _) = element[1].example
+                return origin, chat, element[1].inference
+
             drafted, reply_failures = routed.reply | "Reply" >> self._run_inference("reply")
-            replied = (
-                (routed.done, drafted | "Unpack" >> beam.Map(lambda e: (e[0], e[1].example[0], e[1].inference)))
-                | "Analysed" >> beam.Flatten()
-            )
+            replied = (routed.done, drafted | "Unpack" >> beam.Map(unpack)) | "Analysed" >> beam.Flatten()
         built = replied | "BuildInsight" >> beam.ParDo(_BuildInsightFn()).with_outputs(DEAD_LETTER, main="insights")
         failures = [
             analyse_failures.failed_inferences
@@ -689,20 +699,6 @@ class AnalyzeWindows(beam.PTransform):
             failures.append(reply_failures.failed_inferences
                             | "ReplyFailed" >> beam.FlatMap(failed_batch_dead_letters, "reply"))
         return {"insights": built.insights, DEAD_LETTER: failures | "ModelDeadLetters" >> beam.Flatten()}
-
-
-def handler_kwargs(config: Any) -> dict[str, Any]:
-    """GemmaModelHandler arguments from a PipelineConfig (pipeline/options.py)."""
-    return {
-        "model": config.model,
-        "cache_dir": config.model_cache,
-        "prompt_variant": config.prompt_variant,
-        "min_batch_size": config.min_batch_size,
-        "max_batch_size": config.max_batch_size,
-        "max_batch_duration_secs": config.max_batch_duration_secs or None,
-        "large_model": config.large_model,
-        "model_copies": config.model_copies if config.model_copies > 1 else None,
-    }
 
 
 class AnalyzeChats(beam.PTransform):
@@ -732,8 +728,7 @@ class AnalyzeChats(beam.PTransform):
             raise ValueError(f"mode must be windows or messages, not {config.mode!r}")
         fresh = windows | "Deduplicate" >> DeduplicateWindows(config.dedup_ttl_secs)
         analysed = fresh.windows | "AnalyzeWindows" >> AnalyzeWindows(
-            handler_kwargs(config), config.reply_for, config.model_tag, config.model_resource_hints(),
-            config.model_stage)
+            config.model_stage_settings(), config.reply_for, config.model_tag, config.model_resource_hints())
         dead = [*invalid, analysed[DEAD_LETTER]] | "DeadLetters" >> beam.Flatten()
         return {"insights": analysed["insights"], DEAD_LETTER: dead, SETTLED: fresh[SETTLED]}
 

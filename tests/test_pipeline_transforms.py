@@ -139,7 +139,7 @@ def test_failed_inference_batches_become_one_dead_letter_per_window():
     try:
         raise MemoryError("out of memory while decoding")
     except MemoryError as error:
-        failure = ([(origin, chat), (origin, chat)], (type(error), repr(error), ["traceback"]))
+        failure = ([("*", (origin, chat)), ("*", (origin, chat))], (type(error), repr(error), ["traceback"]))
     letters = list(failed_batch_dead_letters(failure, "inference"))
     assert len(letters) == 2
     for output in letters:
@@ -373,9 +373,11 @@ def test_graph_shares_one_model_and_puts_resource_hints_on_the_model_stages():
 # ---- the model stages, with the real model ---------------------------------------------
 @pytest.fixture(scope="module")
 def real_handler(gemma_source, model_cache):
-    """GemmaModelHandler arguments for the real Gemma 3 270M, converted once (in-process model)."""
-    return {"model": "gemma3-270m", "cache_dir": str(model_cache), "max_batch_size": 8, "max_batch_duration_secs": 2,
-            "large_model": False}
+    """The model stage of the real Gemma 3 270M, converted once (one engine in this process)."""
+    from pipeline.model.stages import ModelStage
+
+    return ModelStage(model="gemma3-270m", cache_dir=str(model_cache), max_batch_size=8, max_batch_duration_secs=2,
+                      large_model=False)
 
 
 @pytest.mark.slow
@@ -420,9 +422,9 @@ def test_analyze_windows_with_the_real_model(real_handler):
 @pytest.mark.timeout(900)
 def test_messages_mode_graph_with_the_real_model(real_handler):
     config = PipelineConfig(
-        project="chatlens-test", mode="messages", model=real_handler["model"], model_cache=real_handler["cache_dir"],
+        project="chatlens-test", mode="messages", model=real_handler.model, model_cache=real_handler.cache_dir,
         max_batch_size=4, max_batch_duration_secs=0, reply_for="all", session_gap_secs=600, early_fire_count=3,
-        early_fire_secs=3600, dedup_ttl_secs=3600, large_model=False, model_tag="test-shared-model-2",
+        early_fire_secs=3600, dedup_ttl_secs=3600, model_sharing="process", model_tag="test-shared-model-2",
     )
     stream = EventStream().advance_watermark_to(NOW)
     stream = stream.add_elements([at(1, envelope(chat_message("s1", 1, "my parcel never arrived"), "p1"))])

@@ -7,6 +7,9 @@ post-processing, the remote handler) does not import JAX and Keras.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
+
+from chatlens.contracts import ChatWindow
 
 
 @dataclass(frozen=True)
@@ -27,3 +30,29 @@ class WindowAnalysis:
     @property
     def confidence(self) -> float:
         return float(max(self.scores))
+
+
+def window_of(element: Any) -> ChatWindow:
+    """The ChatWindow inside a model-stage example: a window, or a tuple holding one.
+
+    Examples are a task's input, optionally tagged: `(tag, input)` carries a tag (the
+    pipeline's message origin) through RunInference untouched.
+    """
+    if isinstance(element, ChatWindow):
+        return element
+    for part in element if isinstance(element, tuple) else ():
+        try:
+            return window_of(part)
+        except TypeError:
+            continue
+    raise TypeError(f"no ChatWindow in {type(element).__name__}")
+
+
+def reply_input(element: Any) -> tuple[ChatWindow, WindowAnalysis]:
+    """The (ChatWindow, WindowAnalysis) pair of a 'reply' example, tagged or not."""
+    if isinstance(element, tuple) and len(element) == 2:
+        if isinstance(element[0], ChatWindow) and isinstance(element[1], WindowAnalysis):
+            return element
+        if isinstance(element[1], tuple):
+            return reply_input(element[1])
+    raise TypeError("task 'reply' takes (ChatWindow, WindowAnalysis) pairs, optionally as (tag, pair)")

@@ -1,10 +1,15 @@
 """GemmaModelHandler: the Beam ModelHandler that runs Gemma on the worker.
 
-One model per machine: `large_model=True` by default, so RunInference loads the engine once
-in a separate process (Beam's `multi_process_shared`) and every worker process and thread
-calls it through a proxy; `model_copies` loads more copies where memory allows (several
-GPUs). Two RunInference stages that pass the same `model_identifier` share the loaded
-engine: the reply stage reuses the model the analysis stage loaded.
+One model per machine, two ways:
+- `large_model=True` (Dataflow and other runners that start several SDK processes per
+  VM): RunInference loads the engine once per machine through Beam's
+  `multi_process_shared` and every worker process and thread calls it through a proxy;
+  `model_copies` loads more copies where memory allows (several GPUs). Two RunInference
+  stages that pass the same `model_identifier` share the loaded engine.
+- `large_model=False` (local runners, which run the whole job in one process): one engine
+  per model spec per process, shared by every stage and thread through a process-wide
+  Beam `shared.Shared` (RunInference's own in-process cache is per DoFn, so the analysis
+  and reply stages would each load a copy). No manager server, no proxies.
 
 Keras and XLA settings are applied in `load_model`, because that is the process that
 imports JAX, not the process that builds the pipeline.
@@ -14,14 +19,17 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from apache_beam.ml.inference.base import ModelHandler, PredictionResult
+from apache_beam.utils import shared
 
-from chatlens.contracts import ChatWindow
+from pipeline.model.analysis import reply_input, window_of
+from pipeline.model.watch import PresetWatch, preset_of
 
 log = logging.getLogger(__name__)
 
@@ -35,18 +43,8 @@ DEFAULT_ENV = {
     "TF_CPP_MIN_LOG_LEVEL": "2",
 }
 
-
-def window_of(element: Any) -> ChatWindow:
-    """The ChatWindow inside a RunInference element: a window, or tuples holding one
-    ((key, window), (window, analysis), (key, (window, analysis)))."""
-    if isinstance(element, ChatWindow):
-        return element
-    for part in element if isinstance(element, tuple) else ():
-        try:
-            return window_of(part)
-        except TypeError:
-            continue
-    raise TypeError(f"no ChatWindow in {type(element).__name__}")
+_ENGINES = shared.Shared()
+"""Engines loaded in this process, by model spec: what `large_model=False` stages share."""
 
 
 def chat_length(element: Any) -> int:
@@ -61,7 +59,10 @@ class GemmaModelHandler(ModelHandler[Any, Any, Any]):
     - reply:   (ChatWindow, WindowAnalysis) -> WindowAnalysis with `reply_draft` set.
     - sentiment: ChatWindow -> calibrated (P(negative), P(neutral), P(positive)); for evaluation.
 
-    Each batch is one call into the engine, which batches on the model itself.
+    Examples may be tagged, `(tag, input)`: the tag rides along in the PredictionResult's
+    example. Each batch is one call into the engine, which batches on the model itself.
+    With `watch_pattern` (local runners; see pipeline/model/watch.py) the handler switches
+    to the newest preset matching the pattern, checked every `watch_interval_secs`.
     """
 
     def __init__(
@@ -78,6 +79,8 @@ class GemmaModelHandler(ModelHandler[Any, Any, Any]):
         large_model: bool = True,
         model_copies: int | None = None,
         env_vars: dict[str, str] | None = None,
+        watch_pattern: str | None = None,
+        watch_interval_secs: float = 60.0,
     ):
         if task not in TASKS:
             raise ValueError(f"task must be one of {TASKS}, not {task!r}")
@@ -98,30 +101,61 @@ class GemmaModelHandler(ModelHandler[Any, Any, Any]):
         self._cache_dir = str(cache_dir) if cache_dir else None
         self._prompt_variant = prompt_variant
         self._engine_config = engine_config
+        self._watch_pattern = watch_pattern
+        self._watch_interval_secs = watch_interval_secs
+        self._watch_since = time.time()  # built when the job is: the job's start, as Beam's watch uses
+        self._watch: PresetWatch | None = None
+        self._watched: tuple[str, Any] | None = None  # (preset, engine) found by the watch
 
     def __repr__(self) -> str:
         return f"GemmaModelHandler(model={self._model!r}, task={self._task!r})"
 
     def load_model(self):
+        if self.share_model_across_processes():
+            return self._load_engine(self._model)  # Beam shares it across processes
+        spec = self._model
+        return _ENGINES.acquire(lambda: self._load_engine(spec), tag=self._engine_tag(spec))
+
+    def _engine_tag(self, spec: str) -> str:
+        return "|".join(map(str, (spec, self._cache_dir, self._prompt_variant, self._engine_config)))
+
+    def _load_engine(self, spec: str):
         self.set_environment_vars()
         from pipeline.model.engine import GemmaEngine  # imports JAX: only in the loading process
 
-        log.info("loading %s for RunInference (pid %d)", self._model, os.getpid())
+        log.info("loading %s for RunInference (pid %d)", spec, os.getpid())
         return GemmaEngine.load(
-            self._model, cache_dir=self._cache_dir, prompt_variant=self._prompt_variant, config=self._engine_config
+            spec, cache_dir=self._cache_dir, prompt_variant=self._prompt_variant, config=self._engine_config
         )
+
+    def _current(self, model: Any) -> Any:
+        """The engine to use: `model`, unless the preset watch found a newer preset."""
+        if not self._watch_pattern:
+            return model
+        if self._watch is None:
+            self._watch = PresetWatch(self._watch_pattern, self._watch_interval_secs, since=self._watch_since)
+        preset = self._watch.latest()
+        if preset and (self._watched is None or self._watched[0] != preset):
+            log.info("%s: new preset %s found by the watch on %s", self, preset, self._watch_pattern)
+            self._watched = (preset, _ENGINES.acquire(lambda: self._load_engine(preset),
+                                                      tag=self._engine_tag(preset)))
+            self._model = preset
+        return self._watched[1] if self._watched else model
 
     def run_inference(self, batch: Sequence[Any], model: Any, inference_args: dict | None = None
                       ) -> Iterable[PredictionResult]:
+        model = self._current(model)
         if self._task == "sentiment":
-            return [PredictionResult(example, scores) for example, scores in zip(batch, model.classify(list(batch)))]
+            scores = model.classify([window_of(example) for example in batch])
+            return [PredictionResult(example, score) for example, score in zip(batch, scores)]
         if self._task == "analyze":
-            analyses = model.analyze(list(batch))
+            analyses = model.analyze([window_of(example) for example in batch])
         else:
-            drafts = model.draft_replies([window for window, _ in batch])
+            pairs = [reply_input(example) for example in batch]
+            drafts = model.draft_replies([window for window, _ in pairs])
             analyses = [
                 replace(analysis, reply_draft=draft, flags=analysis.flags + flags)
-                for (_, analysis), (draft, flags) in zip(batch, drafts)
+                for (_, analysis), (draft, flags) in zip(pairs, drafts)
             ]
         return [PredictionResult(example, analysis, analysis.model_id) for example, analysis in zip(batch, analyses)]
 
@@ -132,7 +166,8 @@ class GemmaModelHandler(ModelHandler[Any, Any, Any]):
         return f"chatlens_{self._task}"
 
     def update_model_path(self, model_path: str | None = None):
-        """Called by RunInference's model-update side input: the next load uses the new preset."""
+        """Called by RunInference's model-update side input (`watch_model_pattern`) before it
+        loads again: a path matched inside a preset directory means that directory."""
         if model_path:
-            log.info("switching %s to %s", self, model_path)
-            self._model = model_path
+            log.info("switching %s to %s", self, preset_of(model_path))
+            self._model = preset_of(model_path)

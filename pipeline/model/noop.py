@@ -77,11 +77,3 @@ class NoopModelHandler(GemmaModelHandler):
         return None
 
 
-def model_handler_class(model_stage: str) -> type[GemmaModelHandler]:
-    """The handler class for `--model-stage`: 'gemma' (the real one) or 'noop' (the baseline)."""
-    if model_stage == "gemma":
-        return GemmaModelHandler
-    if model_stage == "noop":
-        return NoopModelHandler
-    raise ValueError(f"model stage must be gemma or noop, not {model_stage!r}")
-

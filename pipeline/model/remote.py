@@ -47,7 +47,8 @@ from typing import Any
 
 from apache_beam.ml.inference.base import PredictionResult, RemoteModelHandler
 
-from chatlens.contracts import MAX_REPLY_CHARS, MAX_SUMMARY_CHARS, ChatWindow
+from chatlens.contracts import MAX_REPLY_CHARS, MAX_SUMMARY_CHARS
+from pipeline.model.analysis import WindowAnalysis, reply_input, window_of
 from pipeline.model.generation import clean_completion
 from pipeline.prompts import fit_transcript, transcript_lines
 
@@ -401,7 +402,7 @@ class OpenAIChatModelHandler(RemoteModelHandler[Any, PredictionResult, OpenAICha
         return self._batching_kwargs
 
     def get_num_bytes(self, batch: Sequence[Any]) -> int:
-        return sum(len(m.text.encode("utf-8")) for example in batch for m in _window(example).messages)
+        return sum(len(m.text.encode("utf-8")) for example in batch for m in window_of(example).messages)
 
     def get_metrics_namespace(self) -> str:
         return f"chatlens_remote_{self._task}"
@@ -409,7 +410,7 @@ class OpenAIChatModelHandler(RemoteModelHandler[Any, PredictionResult, OpenAICha
     # -- prompts and answers -----------------------------------------------------------------
     def payload(self, example: Any) -> tuple[dict[str, Any], bool]:
         """The chat-completions request body for one example, and whether old messages were cut."""
-        window = _window(example)
+        window = window_of(example)
         transcript, truncated = fit_transcript(
             transcript_lines(window.messages), lambda text: len(text) <= self._max_transcript_chars)
         system = ANALYZE_SYSTEM if self._task == "analyze" else REPLY_SYSTEM
@@ -428,8 +429,6 @@ class OpenAIChatModelHandler(RemoteModelHandler[Any, PredictionResult, OpenAICha
 
     def parse(self, example: Any, content: str, served_by: str, truncated: bool) -> Any:
         """The WindowAnalysis for one answer (InvalidModelOutput when the answer is unusable)."""
-        from pipeline.model.analysis import WindowAnalysis
-
         cut = ("context_truncated",) if truncated else ()
         if self._task == "analyze":
             sentiment, confidence, summary = parse_analysis(content)
@@ -441,19 +440,9 @@ class OpenAIChatModelHandler(RemoteModelHandler[Any, PredictionResult, OpenAICha
                 prompt_version=PROMPT_VERSION,
                 flags=flags + cut,
             )
-        if not (isinstance(example, tuple) and len(example) == 2 and isinstance(example[1], WindowAnalysis)):
-            raise TypeError("task 'reply' takes (ChatWindow, WindowAnalysis) pairs")
-        analysis = example[1]
+        _, analysis = reply_input(example)
         reply = clean_completion(parse_reply(content), MAX_REPLY_CHARS)
         return replace(analysis, reply_draft=reply, flags=tuple(dict.fromkeys(analysis.flags + cut)))
-
-
-def _window(example: Any) -> ChatWindow:
-    if isinstance(example, ChatWindow):
-        return example
-    if isinstance(example, tuple) and example and isinstance(example[0], ChatWindow):
-        return example[0]
-    raise TypeError(f"expected a ChatWindow or (ChatWindow, WindowAnalysis), not {type(example).__name__}")
 
 
 __all__ = [

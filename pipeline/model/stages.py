@@ -1,0 +1,133 @@
+"""What the pipeline's model stages run, built from the options: one place that knows every kind.
+
+- `gemma` (default): GemmaModelHandler, Gemma on the worker. With per-tenant models
+  (`--tenant-models quickbite=/models/a,telnova=/models/b`) a Beam `KeyedModelHandler`
+  over `KeyModelMapping`s routes each chat by its tenant; other tenants use `--model`;
+  `--max-models-per-worker` caps how many stay loaded (Beam's
+  `max_models_per_worker_hint`, least recently used ones are released).
+- `remote`: OpenAIChatModelHandler, an OpenAI-compatible endpoint (`--remote-url`).
+- `noop`: the benchmarking baseline of bench/e2e.py.
+
+RunInference examples are keyed by route (the tenant, or `DEFAULT_ROUTE`), and carry the
+pipeline's message origin as a tag: `(route, (origin, input))`.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any
+
+from apache_beam.ml.inference.base import KeyedModelHandler, KeyModelMapping
+
+from chatlens.contracts import ChatWindow
+
+STAGE_KINDS = ("gemma", "remote", "noop")
+DEFAULT_ROUTE = "*"
+"""The route of every chat whose tenant has no model of its own."""
+
+
+def parse_tenant_models(text: str | None) -> tuple[tuple[str, str], ...]:
+    """'tenantA=SPEC,tenantB=SPEC' -> ((tenantA, SPEC), (tenantB, SPEC)), with clear errors."""
+    pairs: list[tuple[str, str]] = []
+    for item in (text or "").split(","):
+        if not item.strip():
+            continue
+        tenant, sep, spec = item.partition("=")
+        if not sep or not tenant.strip() or not spec.strip():
+            raise ValueError(f"--tenant-models: {item.strip()!r} is not TENANT=MODEL")
+        if tenant.strip() in dict(pairs):
+            raise ValueError(f"--tenant-models: tenant {tenant.strip()!r} appears twice")
+        pairs.append((tenant.strip(), spec.strip()))
+    return tuple(pairs)
+
+
+@dataclass(frozen=True)
+class ModelStage:
+    """The resolved settings of the model stages (see PipelineConfig.model_stage_settings)."""
+
+    kind: str = "gemma"
+    model: str = "gemma3-270m"
+    cache_dir: str | None = None
+    prompt_variant: str | None = None
+    min_batch_size: int = 1
+    max_batch_size: int = 8
+    max_batch_duration_secs: int | None = None
+    large_model: bool = True
+    model_copies: int | None = None
+    tenant_models: tuple[tuple[str, str], ...] = ()
+    max_models_per_worker: int | None = None
+    watch_pattern: str | None = None
+    watch_interval_secs: int = 60
+    watch_in_handler: bool = False  # local runners: the handler watches (pipeline/model/watch.py)
+    remote_url: str | None = None
+    remote_model: str | None = None
+
+    def __post_init__(self):
+        if self.kind not in STAGE_KINDS:
+            raise ValueError(f"model stage must be one of {', '.join(STAGE_KINDS)}, not {self.kind!r}")
+        if self.kind == "remote" and not (self.remote_url and self.remote_model):
+            raise ValueError("--model-stage remote needs --remote-url and --remote-model")
+        if self.tenant_models and self.kind != "gemma":
+            raise ValueError("--tenant-models needs --model-stage gemma")
+        if self.tenant_models and self.watch_pattern:
+            raise ValueError("--model-watch and --tenant-models cannot be combined (Beam updates one model "
+                             "per RunInference from a file pattern)")
+        if self.watch_pattern and self.kind != "gemma":
+            raise ValueError("--model-watch needs --model-stage gemma")
+
+    def route(self, window: ChatWindow) -> str:
+        """The RunInference key of a chat: its tenant when that tenant has a model of its own."""
+        if window.tenant and window.tenant in dict(self.tenant_models):
+            return window.tenant
+        return DEFAULT_ROUTE
+
+    def run_inference_kwargs(self) -> dict[str, Any]:
+        """Extra RunInference arguments: Beam's model-update side input, where the runner has it."""
+        if self.watch_pattern and not self.watch_in_handler:
+            return {"watch_model_pattern": self.watch_pattern, "interval": self.watch_interval_secs}
+        return {}
+
+    def handler(self, task: str):
+        """The keyed model handler of one stage ('analyze' or 'reply')."""
+        if not self.tenant_models:
+            return KeyedModelHandler(self._unkeyed(task, self.model))
+        tenants_by_model: dict[str, list[str]] = defaultdict(list)
+        for tenant, spec in self.tenant_models:
+            tenants_by_model[spec].append(tenant)
+        mappings = [KeyModelMapping([DEFAULT_ROUTE], self._unkeyed(task, self.model))]
+        mappings += [KeyModelMapping(tenants, self._unkeyed(task, spec)) for spec, tenants in tenants_by_model.items()]
+        return TenantModelHandler(mappings, self.max_models_per_worker)
+
+    def _batching(self) -> dict[str, Any]:
+        return {"min_batch_size": self.min_batch_size, "max_batch_size": self.max_batch_size,
+                "max_batch_duration_secs": self.max_batch_duration_secs}
+
+    def _unkeyed(self, task: str, model: str):
+        if self.kind == "remote":
+            from pipeline.model.remote import OpenAIChatModelHandler
+
+            return OpenAIChatModelHandler(self.remote_url, self.remote_model, task=task, **self._batching())
+        from pipeline.model.handler import GemmaModelHandler
+        from pipeline.model.noop import NoopModelHandler
+
+        kwargs = {"model": model, "cache_dir": self.cache_dir, "prompt_variant": self.prompt_variant,
+                  "large_model": self.large_model, "model_copies": self.model_copies, **self._batching()}
+        if self.kind == "noop":
+            return NoopModelHandler(task=task, **kwargs)
+        if self.watch_pattern and self.watch_in_handler:
+            kwargs.update(watch_pattern=self.watch_pattern, watch_interval_secs=self.watch_interval_secs)
+        return GemmaModelHandler(task=task, **kwargs)
+
+
+class TenantModelHandler(KeyedModelHandler):
+    """Beam's KeyedModelHandler over KeyModelMappings (one model per group of tenants), keeping
+    the batching of the first mapping's handler, which Beam's multi-model KeyedModelHandler
+    would otherwise drop (the handlers of one stage all batch alike)."""
+
+    def __init__(self, mappings: list[KeyModelMapping], max_models_per_worker: int | None = None):
+        super().__init__(mappings, max_models_per_worker_hint=max_models_per_worker)
+        self._batching = mappings[0].mh.batch_elements_kwargs()
+
+    def batch_elements_kwargs(self) -> dict[str, Any]:
+        return self._batching
