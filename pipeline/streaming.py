@@ -102,12 +102,14 @@ def run(args: argparse.Namespace) -> int:
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if not logging.getLogger().isEnabledFor(logging.INFO):
-        log.setLevel(logging.INFO)  # progress lines show without -v
-        if not log.handlers:
-            handler = logging.StreamHandler(sys.stderr)
-            handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-            log.addHandler(handler)
-            log.propagate = False
+        # progress lines, model loads and model switches show without -v
+        for logger in (log, logging.getLogger("pipeline.model")):
+            logger.setLevel(logging.INFO)
+            if not logger.handlers:
+                handler = logging.StreamHandler(sys.stderr)
+                handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+                logger.addHandler(handler)
+                logger.propagate = False
     code = run_pipeline(config, getattr(args, "beam_args", []), status_every=args.status_every)
     if config.local:
         # The DirectRunner's worker threads may be inside a bundle (a model call) and do not

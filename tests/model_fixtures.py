@@ -49,3 +49,27 @@ def gemma_preset(gemma_source: ModelSource) -> Path:
 def gemma_lm(gemma_source: ModelSource) -> Any:
     """The loaded float32 `Gemma3CausalLM`; shared, so do not recompile or mutate it in tests."""
     return _causal_lm(gemma_source)
+
+
+def copy_preset(source: Path, target: Path, model_id: str) -> Path:
+    """A second preset of the same weights under another model_id (hard links: no extra disk).
+
+    Written beside `target` and renamed into place, the way a new preset should arrive.
+    """
+    import json
+    import shutil
+
+    staging = target.with_name(f".{target.name}.staging")
+    shutil.copytree(source, staging, copy_function=os.link)
+    marker = staging / "chatlens.json"
+    fields = json.loads(marker.read_text(encoding="utf-8"))
+    marker.unlink()  # a hard link: never write through it into the source preset
+    marker.write_text(json.dumps({**fields, "model_id": model_id}), encoding="utf-8")
+    os.rename(staging, target)
+    return target
+
+
+@pytest.fixture(scope="session")
+def second_preset(gemma_preset: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The converted Gemma again, as a local preset directory with model_id `gemma3-270m-second`."""
+    return copy_preset(gemma_preset, tmp_path_factory.mktemp("presets") / "second", "gemma3-270m-second")

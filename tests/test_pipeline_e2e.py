@@ -16,7 +16,7 @@ import time
 from collections import Counter
 
 import pytest
-from model_fixtures import gemma_source, model_cache  # noqa: F401 - fixtures
+from model_fixtures import copy_preset, gemma_preset, gemma_source, model_cache  # noqa: F401 - fixtures
 from pipeline_fixtures import (
     CHATLENS,
     PROJECT,
@@ -28,7 +28,9 @@ from pipeline_fixtures import (
     e2e_windows,
     publish_all,
     wait_until,
+    window_json,
 )
+from remote_fixtures import MODEL, ChatCompletionsServer
 
 from chatlens.config import LAYOUT, subscription_path, topic_path
 from chatlens.contracts import ChatInsight, DeadLetter, parse_message
@@ -220,3 +222,55 @@ def test_analyze_command_writes_insights_and_dead_letters(gemma_source, model_ca
     summary = done.stderr.decode().strip().splitlines()[-1]
     assert "6 line(s)" in summary and "3 insight(s)" in summary and "2 dead letter(s)" in summary
     assert "1 duplicate(s) skipped" in summary
+
+
+def test_a_new_preset_in_the_watched_folder_is_used_without_a_restart(pipelines, outputs, gemma_source,  # noqa: F811
+                                                                       gemma_preset, tmp_path):  # noqa: F811
+    """--model-watch: drop a new preset in and the running pipeline's next batches use it."""
+    insights, _ = outputs
+    watched = tmp_path / "presets"
+    watched.mkdir()
+    process = pipelines("--max-batch-size", "2", "--max-batch-duration-secs", "1", "--reply-for", "none",
+                        "--model-watch", str(watched / "*" / "chatlens.json"), "--model-watch-interval-secs", "1")
+    windows = e2e_windows()
+    publish_all(topic_path(PROJECT, LAYOUT.windows_topic), windows[8:10])
+    assert wait_until(lambda: len(insights) >= 2, WAIT, while_alive=process), process.log_tail()
+    assert {i.model_id for i in insights_of(insights)} == {gemma_source.model_id}
+
+    copy_preset(gemma_preset, watched / "v2", "gemma3-270m-v2")
+    time.sleep(2)  # one watch interval
+    publish_all(topic_path(PROJECT, LAYOUT.windows_topic), windows[10:12])
+    assert wait_until(lambda: len(insights) >= 4, WAIT, while_alive=process), process.log_tail()
+    later = [i for i in insights_of(insights) if i.chat_id in {"e2e-011", "e2e-012"}]
+    assert [i.model_id for i in later] == ["gemma3-270m-v2"] * 2, process.log_tail()
+    assert process.log_contains("found by the watch") and process.alive()
+    assert process.stop(signal.SIGTERM) == 0
+
+
+def test_remote_model_stage_end_to_end(emulator, outputs, tmp_path):
+    """--model-stage remote: the same pipeline with an OpenAI-compatible endpoint that is busy at first."""
+    insights, dead = outputs
+    chats = [window_json("r-1", [("customer", "This is terrible, my card was charged twice.")]),
+             window_json("r-2", [("customer", "All sorted, thank you so much!")]),
+             window_json("r-3", [("customer", "What time do you open on Sunday?")]),
+             window_json("r-4", [("customer", "GARBAGE please")])]
+    malformed = e2e_malformed()[:1]
+    with ChatCompletionsServer(failures=[(429, {"Retry-After": "1"})]) as server:
+        process = PipelineProcess(emulator, tmp_path / "pipeline.log", "--model-stage", "remote",
+                                  "--remote-url", server.base_url, "--remote-model", MODEL,
+                                  "--max-batch-size", "1", "--max-batch-duration-secs", "1").start()
+        try:
+            publish_all(topic_path(PROJECT, LAYOUT.windows_topic), chats + malformed)
+            done = wait_until(lambda: len(insights) >= 3 and len(dead) >= 2, 180, while_alive=process)
+            assert done, f"{len(insights)} insights, {len(dead)} dead letters\n{process.log_tail()}"
+            time.sleep(3)
+            assert process.stop(signal.SIGTERM) == 0
+        finally:
+            process.stop()
+    results = {i.chat_id: i for i in insights_of(insights)}
+    assert {c: i.sentiment for c, i in results.items()} == {"r-1": -1, "r-2": 1, "r-3": 0}
+    assert results["r-1"].reply_draft and not results["r-2"].reply_draft
+    assert {i.model_id for i in results.values()} == {f"remote:{MODEL}"}
+    letters = {(letter.stage, letter.chat_id) for letter in dead_letters_of(dead)}
+    assert letters == {("validate", None), ("inference", "r-4")}, letters
+    assert 429 in server.answered  # the endpoint was busy first, and the pipeline retried

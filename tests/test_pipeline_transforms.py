@@ -16,7 +16,7 @@ import pytest
 from apache_beam.testing.test_stream import TestStream as EventStream  # not collected by pytest
 from apache_beam.testing.util import assert_that, equal_to
 from apache_beam.transforms.window import TimestampedValue
-from model_fixtures import gemma_source, model_cache  # noqa: F401 - fixtures
+from model_fixtures import gemma_preset, gemma_source, model_cache, second_preset  # noqa: F401 - fixtures
 from pipeline_fixtures import (
     INJECTION_CHAT,
     RTL_CHAT,
@@ -416,6 +416,38 @@ def test_analyze_windows_with_the_real_model(real_handler):
     for data in picked[:2]:  # the clearly angry chats are negative and get a reply draft
         insight = by_chat[json.loads(data)["chat_id"]].message
         assert insight.sentiment == expected_sentiment(data) and insight.reply_draft
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_tenants_with_their_own_model_get_it(real_handler, second_preset, gemma_source):  # noqa: F811 - fixtures
+    """--tenant-models: Beam's KeyedModelHandler routes quickbite's chats to the second preset."""
+    from dataclasses import replace
+
+    stage = replace(real_handler, tenant_models=(("quickbite", str(second_preset)),), max_models_per_worker=2)
+    windows = [window_json(f"t-{tenant}-{n}", [("customer", text)], tenant=tenant)
+               for n, (tenant, text) in enumerate([("quickbite", "My pizza arrived cold and late."),
+                                                   ("telnova", "Thanks, the router works now!"),
+                                                   ("quickbite", "Can I change my delivery address?"),
+                                                   ("skyway", "Where do I find my boarding pass?")])]
+    windows.append(window_json("t-none", [("customer", "Hello, what are your opening hours?")]))
+    stream = (EventStream().advance_watermark_to(NOW)
+              .add_elements([at(i, envelope(data, f"id-{i}")) for i, data in enumerate(windows)])
+              .advance_processing_time(5).advance_watermark_to_infinity())
+    insights, dead = [], []
+    with streaming_test_pipeline() as p:
+        valid = p | stream | ValidateWindows()
+        out = valid.windows | AnalyzeWindows(stage, reply_for="none", model_tag="test-tenant-models")
+        capture(out["insights"], insights, "insights", lambda o: o.message)
+        capture(out[DEAD_LETTER], dead, "dead")
+    assert not dead, [d.message for d in dead]
+    models = {insight.chat_id: (insight.tenant, insight.model_id) for insight in insights}
+    default_id = gemma_source.model_id
+    assert models == {"t-quickbite-0": ("quickbite", "gemma3-270m-second"),
+                      "t-telnova-1": ("telnova", default_id),
+                      "t-quickbite-2": ("quickbite", "gemma3-270m-second"),
+                      "t-skyway-3": ("skyway", default_id),
+                      "t-none": (None, default_id)}
 
 
 @pytest.mark.slow
