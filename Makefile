@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: test test-fast demo lock schemas bench clean browser
+.PHONY: test test-fast demo lock schemas docs bench clean browser
 
 $(STAMP): pyproject.toml constraints.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -30,6 +30,10 @@ demo: $(STAMP)
 
 schemas: $(STAMP)
 	$(BIN)/chatlens schemas --write
+
+# Regenerate README.md's configuration reference from the code.
+docs: $(STAMP)
+	$(BIN)/python -m chatlens.reference --write
 
 # Re-resolve every dependency from pyproject.toml and pin the result.
 lock:

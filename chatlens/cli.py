@@ -17,6 +17,7 @@ COMMANDS: dict[str, str] = {
     "schemas": "chatlens.schemas",
     "dashboard": "app.commands.dashboard",
     "users": "app.commands.users",
+    "replay": "app.commands.replay",
     "pubsub-emulator": "chatlens.pubsub.emulator",
     "pubsub-init": "chatlens.pubsub.admin",
     "demo": "chatlens.demo",

@@ -41,8 +41,8 @@ class Option:
 
 
 OPTIONS: tuple[Option, ...] = (
-    Option("--runner", f"Beam runner (default {DEFAULT_RUNNER}; DataflowRunner, FlinkRunner, ... take their "
-           "own Beam options, passed through as they are)", DEFAULT_RUNNER),
+    Option("--runner", "Beam runner; DataflowRunner, FlinkRunner, ... take their own Beam options, passed "
+           f"through as they are (default {DEFAULT_RUNNER})", DEFAULT_RUNNER),
     Option("--project", "Google Cloud project id, at least 6 characters (default: CHATLENS_PROJECT, "
            "else chatlens-local)"),
     Option("--mode", "input: 'windows' (each message is a ChatWindow) or 'messages' (each message is a "
