@@ -16,7 +16,8 @@ from pathlib import Path
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 COMMANDS = ("pipeline", "demo", "simulate", "analyze", "eval", "dashboard", "replay", "pubsub-emulator")
-_DEFAULT_IN_HELP = re.compile(r"\s*\((?:default|defaults to)[^()]*(?:\([^()]*\)[^()]*)*\)\s*$", re.IGNORECASE)
+_DEFAULT_IN_HELP = re.compile(r"\s*\(default:? ([^()]*(?:\([^()]*\)[^()]*)*)\)\s*$")
+"""A help text's closing "(default X)": X goes to the Default column, the rest to Meaning."""
 
 
 def _cell(text: object) -> str:
@@ -37,14 +38,15 @@ def command_table(name: str) -> str:
         if action.metavar and action.nargs != 0:
             flags += f" `{action.metavar}`"
         help_text = argparse.HelpFormatter(name)._expand_help(action) if action.help else ""
-        stated = re.search(r"\(default:? ([^)]*(?:\([^)]*\)[^)]*)*)\)\s*$", help_text)
+        stated = _DEFAULT_IN_HELP.search(help_text)
         if stated:
             default = stated.group(1)
+            help_text = help_text[: stated.start()]
         elif action.default in (None, False, argparse.SUPPRESS) or action.nargs == 0:
             default = "—"
         else:
             default = f"`{action.default}`"
-        rows.append(f"| {flags} | {_cell(default)} | {_cell(_DEFAULT_IN_HELP.sub('', help_text))} |")
+        rows.append(f"| {flags} | {_cell(default)} | {_cell(help_text)} |")
     return "\n".join(rows)
 
 

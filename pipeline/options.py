@@ -270,9 +270,6 @@ class PipelineConfig:
 
         return _path(self.deadletter_topic, self.project, "topics", topic_path)
 
-    def replies_for(self, sentiment: int) -> bool:
-        return self.reply_for == "all" or (self.reply_for == "negative" and sentiment < 0)
-
     def model_resource_hints(self) -> dict[str, str]:
         hints = {}
         if self.accelerator:

@@ -113,11 +113,12 @@ class GemmaModelHandler(ModelHandler[Any, Any, Any]):
     def load_model(self):
         if self.share_model_across_processes():
             return self._load_engine(self._model)  # Beam shares it across processes
-        spec = self._model
-        return _ENGINES.acquire(lambda: self._load_engine(spec), tag=self._engine_tag(spec))
+        return self._process_engine(self._model)
 
-    def _engine_tag(self, spec: str) -> str:
-        return "|".join(map(str, (spec, self._cache_dir, self._prompt_variant, self._engine_config)))
+    def _process_engine(self, spec: str):
+        """The engine for `spec` shared by every stage and thread of this process, loaded once."""
+        tag = "|".join(map(str, (spec, self._cache_dir, self._prompt_variant, self._engine_config)))
+        return _ENGINES.acquire(lambda: self._load_engine(spec), tag=tag)
 
     def _load_engine(self, spec: str):
         self.set_environment_vars()
@@ -137,8 +138,7 @@ class GemmaModelHandler(ModelHandler[Any, Any, Any]):
         preset = self._watch.latest()
         if preset and (self._watched is None or self._watched[0] != preset):
             log.info("%s: new preset %s found by the watch on %s", self, preset, self._watch_pattern)
-            self._watched = (preset, _ENGINES.acquire(lambda: self._load_engine(preset),
-                                                      tag=self._engine_tag(preset)))
+            self._watched = (preset, self._process_engine(preset))
             self._model = preset
         return self._watched[1] if self._watched else model
 

@@ -16,13 +16,14 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 from apache_beam.ml.inference.base import KeyedModelHandler, KeyModelMapping
 
 from chatlens.contracts import ChatWindow
+from pipeline.options import MODEL_STAGES
 
-STAGE_KINDS = ("gemma", "remote", "noop")
 DEFAULT_ROUTE = "*"
 """The route of every chat whose tenant has no model of its own."""
 
@@ -64,8 +65,8 @@ class ModelStage:
     remote_model: str | None = None
 
     def __post_init__(self):
-        if self.kind not in STAGE_KINDS:
-            raise ValueError(f"model stage must be one of {', '.join(STAGE_KINDS)}, not {self.kind!r}")
+        if self.kind not in MODEL_STAGES:
+            raise ValueError(f"model stage must be one of {', '.join(MODEL_STAGES)}, not {self.kind!r}")
         if self.kind == "remote" and not (self.remote_url and self.remote_model):
             raise ValueError("--model-stage remote needs --remote-url and --remote-model")
         if self.tenant_models and self.kind != "gemma":
@@ -76,11 +77,13 @@ class ModelStage:
         if self.watch_pattern and self.kind != "gemma":
             raise ValueError("--model-watch needs --model-stage gemma")
 
+    @cached_property
+    def _routed_tenants(self) -> frozenset[str]:
+        return frozenset(tenant for tenant, _ in self.tenant_models)
+
     def route(self, window: ChatWindow) -> str:
         """The RunInference key of a chat: its tenant when that tenant has a model of its own."""
-        if window.tenant and window.tenant in dict(self.tenant_models):
-            return window.tenant
-        return DEFAULT_ROUTE
+        return window.tenant if window.tenant in self._routed_tenants else DEFAULT_ROUTE
 
     def run_inference_kwargs(self) -> dict[str, Any]:
         """Extra RunInference arguments: Beam's model-update side input, where the runner has it."""
