@@ -100,6 +100,22 @@ def batch_test_pipeline():
     return TestPipeline(runner="BundleBasedDirectRunner", options=PipelineOptions(project=PROJECT), blocking=True)
 
 
+def run_inference_nodes(pipeline) -> list:
+    """The RunInference transforms of a built pipeline graph (AppliedPTransforms), in order."""
+    import apache_beam as beam
+    from apache_beam.ml.inference.base import RunInference
+
+    found = []
+
+    class Visitor(beam.pipeline.PipelineVisitor):
+        def enter_composite_transform(self, node):
+            if isinstance(node.transform, RunInference):
+                found.append(node)
+
+    pipeline.visit(Visitor())
+    return found
+
+
 SINKS: dict[str, list] = {}
 
 

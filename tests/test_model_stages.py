@@ -14,7 +14,7 @@ import time
 
 import apache_beam as beam
 import pytest
-from apache_beam.ml.inference.base import KeyedModelHandler, RunInference
+from apache_beam.ml.inference.base import KeyedModelHandler
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from chatlens.contracts import parse_window
@@ -23,7 +23,7 @@ from pipeline.model.remote import OpenAIChatModelHandler
 from pipeline.model.stages import DEFAULT_ROUTE, ModelStage, TenantModelHandler, parse_tenant_models
 from pipeline.model.watch import PresetWatch, preset_of
 from pipeline.options import PipelineConfig
-from pipeline_fixtures import window_json
+from pipeline_fixtures import run_inference_nodes, window_json
 
 PROJECT = "chatlens-test"
 
@@ -36,20 +36,13 @@ def config_from(*argv: str) -> PipelineConfig:
     return PipelineConfig.from_args(parser.parse_args(["--project", PROJECT, *argv]))
 
 
-def run_inference_nodes(config: PipelineConfig) -> list:
+def run_inference_transforms(config: PipelineConfig) -> list:
+    """The RunInference transforms of the streaming graph `config` describes."""
     from pipeline.streaming import build
 
     pipeline = beam.Pipeline(options=PipelineOptions(streaming=True, project=PROJECT))
     build(pipeline, config)
-    found = []
-
-    class Visitor(beam.pipeline.PipelineVisitor):
-        def enter_composite_transform(self, node):
-            if isinstance(node.transform, RunInference):
-                found.append(node.transform)
-
-    pipeline.visit(Visitor())
-    return found
+    return [node.transform for node in run_inference_nodes(pipeline)]
 
 
 def test_model_sharing_follows_the_runner():
@@ -57,9 +50,9 @@ def test_model_sharing_follows_the_runner():
     assert config_from("--runner", "DataflowRunner").large_model  # one copy per VM for all SDK processes
     assert config_from("--runner", "DataflowRunner", "--model-sharing", "process").large_model is False
     assert config_from("--model-sharing", "machine").large_model
-    [analyze, reply] = run_inference_nodes(config_from("--runner", "DataflowRunner"))
+    [analyze, reply] = run_inference_transforms(config_from("--runner", "DataflowRunner"))
     assert analyze._model_handler.share_model_across_processes()
-    [analyze, reply] = run_inference_nodes(config_from())
+    [analyze, reply] = run_inference_transforms(config_from())
     assert not analyze._model_handler.share_model_across_processes()
 
 
@@ -90,7 +83,7 @@ def test_tenant_models_route_through_keyed_model_mappings():
     untenanted = parse_window(window_json("c3", [("customer", "hi")]))
     assert [stage.route(c) for c in (chat, other, untenanted)] == ["quickbite", DEFAULT_ROUTE, DEFAULT_ROUTE]
 
-    [analyze, reply] = run_inference_nodes(config)
+    [analyze, reply] = run_inference_transforms(config)
     for transform in (analyze, reply):
         handler = transform._model_handler
         assert isinstance(handler, TenantModelHandler)
@@ -104,12 +97,12 @@ def test_tenant_models_route_through_keyed_model_mappings():
 
 def test_model_watch_uses_beams_side_input_on_dataflow_and_the_handler_locally():
     pattern = "gs://models/presets/*/config.json"
-    [analyze, reply] = run_inference_nodes(config_from("--runner", "DataflowRunner", "--model-watch", pattern,
-                                                       "--model-watch-interval-secs", "30"))
+    dataflow = config_from("--runner", "DataflowRunner", "--model-watch", pattern, "--model-watch-interval-secs", "30")
+    [analyze, reply] = run_inference_transforms(dataflow)
     for transform in (analyze, reply):
         assert transform._watch_model_pattern == pattern and transform._kwargs["interval"] == 30
         assert transform._model_handler._unkeyed._watch_pattern is None
-    [analyze, reply] = run_inference_nodes(config_from("--model-watch", pattern))
+    [analyze, reply] = run_inference_transforms(config_from("--model-watch", pattern))
     for transform in (analyze, reply):
         assert transform._watch_model_pattern is None  # the BundleBasedDirectRunner cannot run it
         assert transform._model_handler._unkeyed._watch_pattern == pattern
@@ -165,7 +158,7 @@ def test_remote_stage_options_build_the_openai_handler():
         config_from("--model-stage", "remote")
     config = config_from("--model-stage", "remote", "--remote-url", "http://vllm:8000/v1",
                          "--remote-model", "google/gemma-3-4b-it", "--max-batch-size", "16")
-    [analyze, reply] = run_inference_nodes(config)
+    [analyze, reply] = run_inference_transforms(config)
     for transform, task in ((analyze, "analyze"), (reply, "reply")):
         handler = transform._model_handler
         assert isinstance(handler, KeyedModelHandler) and isinstance(handler._unkeyed, OpenAIChatModelHandler)

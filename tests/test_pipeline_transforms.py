@@ -26,6 +26,7 @@ from pipeline_fixtures import (
     e2e_windows,
     expected_sentiment,
     message_json,
+    run_inference_nodes,
     streaming_test_pipeline,
     window_json,
 )
@@ -345,7 +346,6 @@ def test_pipeline_options_defaults_validation_and_beam_pass_through():
 
 
 def test_graph_shares_one_model_and_puts_resource_hints_on_the_model_stages():
-    from apache_beam.ml.inference.base import RunInference
     from apache_beam.options.pipeline_options import PipelineOptions
 
     from pipeline.streaming import build
@@ -355,14 +355,7 @@ def test_graph_shares_one_model_and_puts_resource_hints_on_the_model_stages():
     pipeline = beam.Pipeline(options=PipelineOptions(streaming=True, project="chatlens-test"))
     outputs = build(pipeline, config)
     assert set(outputs) == {"envelopes", "insights", DEAD_LETTER, SETTLED}
-    stages = []
-
-    class Visitor(beam.pipeline.PipelineVisitor):
-        def enter_composite_transform(self, node):
-            if isinstance(node.transform, RunInference):
-                stages.append(node)
-
-    pipeline.visit(Visitor())
+    stages = run_inference_nodes(pipeline)
     assert [node.full_label.rsplit("/", 1)[1] for node in stages] == ["Analyze", "Reply"]
     assert {node.transform._model_tag for node in stages} == {config.model_tag}
     for node in stages:
@@ -480,7 +473,6 @@ def test_messages_mode_graph_with_the_real_model(real_handler):
 def test_model_stage_noop_option_and_baseline_handler():
     import argparse
 
-    from apache_beam.ml.inference.base import RunInference
     from apache_beam.options.pipeline_options import PipelineOptions
 
     from pipeline.model.analysis import WindowAnalysis
@@ -516,14 +508,7 @@ def test_model_stage_noop_option_and_baseline_handler():
     # in the graph: both model stages run the baseline, under a tag of their own
     pipeline = beam.Pipeline(options=PipelineOptions(streaming=True, project="chatlens-test"))
     build(pipeline, PipelineConfig(project="chatlens-test", runner="DataflowRunner", model_stage="noop"))
-    stages = []
-
-    class Visitor(beam.pipeline.PipelineVisitor):
-        def enter_composite_transform(self, node):
-            if isinstance(node.transform, RunInference):
-                stages.append(node.transform)
-
-    pipeline.visit(Visitor())
+    stages = [node.transform for node in run_inference_nodes(pipeline)]
     assert len(stages) == 2
     assert all(isinstance(t._model_handler._unkeyed, NoopModelHandler) for t in stages)
     assert {t._model_tag for t in stages} == {f"{config.model_tag}-noop"}
