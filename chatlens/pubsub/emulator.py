@@ -60,7 +60,7 @@ def serve(host: str, port: int, *, stream_max_age: float | None = None) -> int:
         print(f"Pub/Sub emulator listening on {server.address} (export PUBSUB_EMULATOR_HOST={server.address})", flush=True)
         stop.wait()
         print("Pub/Sub emulator stopping", flush=True)
-        server.stop(grace=2.0)
+        server.stop()
         return 0
     finally:
         for sig, handler in previous.items():

@@ -13,7 +13,6 @@ from chatlens.pubsub.state import Broker
 log = logging.getLogger("chatlens.pubsub.emulator")
 
 _MAX_MESSAGE_BYTES = 32 * 1024 * 1024  # Publish requests may carry up to 10 MB of messages
-_STREAM_DRAIN_SECONDS = 2.0
 
 
 class EmulatorServer:
@@ -71,14 +70,19 @@ class EmulatorServer:
         log.info("Pub/Sub emulator listening on %s", self.address)
         return self
 
-    def stop(self, grace: float | None = 1.0) -> None:
-        """End streams with UNAVAILABLE (clients reconnect), then stop serving."""
+    def stop(self, grace: float | None = 5.0) -> None:
+        """Stop taking calls, end streams and pulls with UNAVAILABLE (clients reconnect), stop.
+
+        gRPC stops taking calls first: a call that arrives while the server shuts down is
+        ended with CANCELLED (grpc/grpc#41785), which the Python subscriber treats as final.
+        Ending the streams first would make every subscriber reconnect into that window.
+        """
         server, self._server = self._server, None
         if server is None:
             return
+        stopped = server.stop(grace)
         self.broker.shutdown()
-        self.broker.wait_streams_closed(_STREAM_DRAIN_SECONDS)
-        server.stop(grace).wait()
+        stopped.wait()
         self.broker.close()
         log.info("Pub/Sub emulator on %s stopped", self.address)
 

@@ -69,7 +69,6 @@ class Broker:
         self._topic_subscriptions: dict[str, set[str]] = {}
         self._subscriptions: dict[str, SubscriptionQueue] = {}
         self._streams: set[Stream] = set()
-        self._streams_changed = threading.Condition(self._lock)
         self._deadlines: list[tuple[float, int, SubscriptionQueue, Entry, str]] = []
         self._reaper_wakeup = threading.Condition(self._lock)
         self._reaper_due = math.inf
@@ -98,10 +97,6 @@ class Broker:
             for subscription in self._subscriptions.values():
                 subscription.cond.notify_all()
             self._reaper_wakeup.notify_all()
-
-    def wait_streams_closed(self, timeout: float) -> bool:
-        with self._lock:
-            return self._streams_changed.wait_for(lambda: not self._streams, timeout)
 
     def close(self) -> None:
         self.shutdown()
@@ -367,7 +362,6 @@ class Broker:
         with self._lock:
             stream.cancelled = True
             self._streams.discard(stream)
-            self._streams_changed.notify_all()
 
     def backlog(self, subscription: str) -> dict[str, int]:
         """For tests and debugging: unacked and leased messages, open and opened streams."""
