@@ -53,6 +53,15 @@ def test_sentiment_is_a_valid_label_with_calibrated_probabilities(engine):
     assert labels[0] == -1 and labels[1] == 1  # the obvious cases
 
 
+def test_a_long_chat_is_scored_apart_without_changing_any_result(engine):
+    long_chat = window("long-ish", *[f"message {i}: my parcel is late again and nobody answers the phone" for i in range(30)])
+    batch = [ANGRY, long_chat, HAPPY]
+    together = np.array(engine.classify(batch))
+    alone = np.array([engine.classify([w])[0] for w in batch])
+    assert np.allclose(together, alone, atol=2e-3)
+    assert any(c.startswith("score batch=2 ") for c in engine.stats.compiles)  # the two short chats, unpadded
+
+
 def test_analyze_batch_outputs_are_well_formed_and_batched(engine):
     calls = engine.stats.generate_calls
     analyses = engine.analyze([ANGRY, HAPPY, NEUTRAL, INJECTION, ARABIC])

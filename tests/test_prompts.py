@@ -7,7 +7,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from chatlens.contracts import ChatMessage, ChatWindow
-from pipeline.model.generation import bucket, clean_completion, cut_at_word, is_degenerate
+from pipeline.model.generation import bucket, clean_completion, cut_at_word, is_degenerate, length_groups
 from pipeline.prompts import OMITTED_MARKER, VARIANTS, fit_transcript, load_prompts, neutralise, transcript_lines
 
 T0 = datetime(2026, 11, 2, 9, 0, tzinfo=timezone.utc)
@@ -60,6 +60,13 @@ def test_long_chats_are_cut_from_the_oldest_message_with_a_marker():
     assert fit_transcript(lines[:2], lambda t: True) == ("\n".join(lines[:2]), False)
     text, cut = fit_transcript(["customer: " + "y" * 5000], lambda t: len(t) <= 300)
     assert cut and len(text) <= 300 and text.endswith("…")
+
+
+def test_length_groups_keep_one_long_chat_from_padding_the_rest():
+    lengths = [120, 663, 108, 225, 110]
+    assert length_groups(lengths, max_spread=128) == [[2, 4, 0, 3], [1]]
+    assert length_groups(lengths, max_spread=1000, max_batch=2) == [[2, 4], [0, 3], [1]]
+    assert length_groups([], max_spread=10) == []
 
 
 def test_buckets_and_text_cleanup():

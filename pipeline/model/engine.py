@@ -31,10 +31,21 @@ import numpy as np  # noqa: E402
 
 from chatlens.contracts import MAX_REPLY_CHARS, MAX_SUMMARY_CHARS, ChatWindow
 from pipeline.model.analysis import WindowAnalysis  # noqa: F401  (re-exported)
-from pipeline.model.generation import BATCH_BUCKETS, LENGTH_BUCKETS, bucket, clean_completion, is_degenerate
+from pipeline.model.generation import (
+    BATCH_BUCKETS,
+    LENGTH_BUCKETS,
+    bucket,
+    clean_completion,
+    is_degenerate,
+    length_groups,
+)
 from pipeline.prompts import PromptSet, fit_transcript, transcript_lines
 
 log = logging.getLogger(__name__)
+
+# Chats scored together differ by at most this many tokens: one long chat would otherwise pad
+# a whole batch to its length (prefill cost grows with padded tokens, not with real ones).
+SCORE_LENGTH_SPREAD = 128
 
 
 @dataclass(frozen=True)
@@ -229,18 +240,19 @@ class GemmaEngine:
         return ([v.value for v in self.lm.trainable_variables], [v.value for v in self.lm.non_trainable_variables])
 
     def _label_probabilities(self, transcripts: Sequence[str]) -> np.ndarray:
-        """P(label | sentiment prompt) renormalised over the three labels: one pass per batch."""
+        """P(label | sentiment prompt) renormalised over the three labels: one pass per length group."""
         if self._head is None:
             head_ids = np.array([self._encode(self._head_text)], dtype="int32")
             self._note_shape("prefill", *head_ids.shape)
             self._head = self._prefill_fn(self._state(), head_ids)
         rows = [self.tokenize(self.prompts.render("sentiment", t)[len(self._head_text):]) for t in transcripts]
-        token_ids, _ = self._padded(rows, extra=0)
-        self._note_shape("score", *token_ids.shape)
-        last = np.array([len(r) - 1 for r in rows] + [0] * (len(token_ids) - len(rows)), dtype="int32")
-        log_probs = np.asarray(
-            self._score_fn(self._state(), self._head, token_ids, last, np.array(self._label_ids, dtype="int32"))
-        )[: len(rows)]
+        log_probs = np.zeros((len(rows), len(self._label_ids)), dtype="float32")
+        for group in length_groups([len(r) for r in rows], max_spread=SCORE_LENGTH_SPREAD):
+            token_ids, _ = self._padded([rows[i] for i in group], extra=0)
+            self._note_shape("score", *token_ids.shape)
+            last = np.array([len(rows[i]) - 1 for i in group] + [0] * (len(token_ids) - len(group)), dtype="int32")
+            scored = self._score_fn(self._state(), self._head, token_ids, last, np.array(self._label_ids, dtype="int32"))
+            log_probs[group] = np.asarray(scored)[: len(group)]
         probs = np.exp(log_probs - log_probs.max(axis=1, keepdims=True))
         return probs / probs.sum(axis=1, keepdims=True)
 
@@ -282,20 +294,13 @@ class GemmaEngine:
 
     def _generate_tokens(self, rows: list[list[int]], max_new: int, stop_ids: tuple[int, ...], penalised: bool
                          ) -> list[list[int]]:
-        """Generate for all rows, sorted by length, in as few calls as the length spread allows.
+        """Generate for all rows in as few calls as the length spread allows.
 
         Decoding runs from the shortest prompt's end to the longest's end plus `max_new`, so
         rows whose lengths differ by more than `max_new` go into separate calls.
         """
-        order = sorted(range(len(rows)), key=lambda i: len(rows[i]))
-        groups: list[list[int]] = [[]]
-        for index in order:
-            group = groups[-1]
-            if group and (len(rows[index]) - len(rows[group[0]]) > max_new or len(group) == BATCH_BUCKETS[-1]):
-                groups.append(group := [])
-            group.append(index)
         results: list[list[int]] = [[] for _ in rows]
-        for group in groups:
+        for group in length_groups([len(r) for r in rows], max_spread=max_new):
             for index, new in zip(group, self._generate_group([rows[i] for i in group], max_new, stop_ids, penalised)):
                 results[index] = new
         return results

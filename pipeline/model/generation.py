@@ -21,6 +21,20 @@ def bucket(value: int, buckets: Sequence[int]) -> int:
     raise ValueError(f"{value} is larger than the largest bucket {buckets[-1]}")
 
 
+def length_groups(lengths: Sequence[int], max_spread: int, max_batch: int = BATCH_BUCKETS[-1]) -> list[list[int]]:
+    """Indices sorted by length, split where a group's lengths would differ by more than `max_spread`.
+
+    One long chat in a batch would otherwise pad every row to its length (scoring) or make
+    every row decode through its prompt (generation).
+    """
+    groups: list[list[int]] = []
+    for index in sorted(range(len(lengths)), key=lambda i: lengths[i]):
+        if not groups or lengths[index] - lengths[groups[-1][0]] > max_spread or len(groups[-1]) == max_batch:
+            groups.append([])
+        groups[-1].append(index)
+    return groups
+
+
 def is_degenerate(token_ids: Sequence[int], text: str) -> bool:
     """True for the usual failure of small greedy models: a phrase or line repeated in a loop."""
     if len(token_ids) >= 12:
