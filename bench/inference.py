@@ -7,7 +7,8 @@ summary, then a second prompt for the apology; ChatLens runs GemmaModelHandler o
 
 Each system runs in its own subprocess so compile caches and peak RSS are its own. Prints
 chats/s, generated tokens/s, p50/p95 batch latency, XLA compile count, peak RSS and the
-speedup, then one line of JSON with those figures.
+speedup, then one line of JSON with those figures. A progress bar per system shows on stderr
+(the loading and the warm-up compile come before its first step).
 
     .venv/bin/python bench/inference.py [--chats 32] [--batch-size 8]
 """
@@ -21,6 +22,7 @@ import resource
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -59,6 +61,11 @@ def load_chats(path: Path, n: int):
     return [chats[(i * 3) % len(chats)] for i in range(n)]  # spread over labels and domains
 
 
+def progress(done: int) -> None:
+    """Tell the parent process (which draws the progress bar) how many chats are done."""
+    print(f"PROGRESS {done}", flush=True)
+
+
 def run_public(chats, model: str, cache: str | None) -> dict:
     from pipeline.model.generation import LENGTH_BUCKETS, bucket
     from pipeline.model.sources import load_causal_lm
@@ -91,6 +98,7 @@ def run_public(chats, model: str, cache: str | None) -> dict:
         t0 = time.perf_counter()
         tokens += analyse(window, text)[1]
         latencies.append(time.perf_counter() - t0)
+        progress(len(latencies))
     return {"seconds": time.perf_counter() - started, "latencies": latencies, "tokens": tokens,
             "model_id": source.model_id, "max_length": max_length}
 
@@ -116,6 +124,7 @@ def run_chatlens(chats, model: str, cache: str | None, batch_size: int) -> dict:
         t0 = time.perf_counter()
         batch_run(chats[start : start + batch_size])
         latencies.append(time.perf_counter() - t0)
+        progress(min(start + batch_size, len(chats)))
     return {"seconds": time.perf_counter() - started, "latencies": latencies,
             "tokens": engine.get_stats()["generated_tokens"] - tokens_before, "model_id": engine.model_id,
             "compiled_programs": engine.get_stats()["compiles"]}
@@ -142,6 +151,25 @@ def child(args: argparse.Namespace) -> None:
     print("RESULT " + json.dumps(result), flush=True)
 
 
+def run_child(command: list[str], system: str, chats: int) -> dict:
+    """Run one system in its own process with a progress bar; its log goes to a file on failure."""
+    from tqdm import tqdm
+
+    with tempfile.TemporaryFile("w+") as log, tqdm(total=chats, desc=system, unit="chat", file=sys.stderr) as bar:
+        child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log, text=True)
+        result = None
+        for line in child.stdout:
+            if line.startswith("PROGRESS "):
+                bar.update(int(line.split()[1]) - bar.n)
+            elif line.startswith("RESULT "):
+                result = json.loads(line[7:])
+        if child.wait() != 0 or result is None:
+            log.seek(0)
+            sys.stderr.write(log.read()[-5000:])
+            raise SystemExit(f"{system} failed (exit {child.returncode})")
+    return result
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--chats", type=int, default=32, help="chats per system (default: %(default)s)")
@@ -161,9 +189,7 @@ def main() -> int:
                    "--batch-size", str(args.batch_size), "--model", args.model, "--data", str(args.data)]
         if args.cache:
             command += ["--cache", args.cache]
-        print(f"running {system} on {args.chats} chats…", file=sys.stderr, flush=True)
-        out = subprocess.run(command, capture_output=True, text=True, check=True).stdout
-        results[system] = json.loads(next(line for line in out.splitlines() if line.startswith("RESULT "))[7:])
+        results[system] = run_child(command, system, args.chats)
 
     print(f"{'system':<10} {'chats/s':>8} {'tokens/s':>9} {'p50 batch s':>12} {'p95 batch s':>12} "
           f"{'compiles':>9} {'peak RSS MiB':>13}")

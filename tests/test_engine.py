@@ -76,6 +76,15 @@ def test_analyze_batch_outputs_are_well_formed_and_batched(engine):
     assert "<start_of_turn>" not in analyses[3].summary
 
 
+def test_batched_generation_matches_keras_hub_generating_each_prompt_alone(engine):
+    prompts = [engine.prompt_for("summary", w)[0] for w in (ANGRY, HAPPY, INJECTION)]  # three lengths
+    assert len({len(engine._encode(p)) for p in prompts}) == 3
+    batched = engine.generate(prompts, 16, engine._stop_ids["summary"])
+    for prompt, ours in zip(prompts, batched):
+        alone = engine.lm.generate(prompt, max_length=len(engine._encode(prompt)) + 16, strip_prompt=True)
+        assert ours.tokens > 0 and alone.startswith(ours.text), (ours.text, alone)
+
+
 def test_bucketing_bounds_compiles(engine):
     engine.classify([ANGRY, HAPPY, NEUTRAL])
     compiled = len(engine.stats.compiles)

@@ -6,19 +6,20 @@ Its public methods take and return plain picklable values, because with
 
 Speed comes from three things: every call works on a whole batch; batch size and sequence
 length are padded to a few buckets so XLA compiles a bounded number of programs (each one
-logged); and sentiment is one forward pass that scores the label tokens instead of
-generating and parsing text.
+logged); sentiment is one forward pass that scores the label tokens instead of
+generating and parsing text; and generation right-aligns the prompts so that every row
+decodes only its own new tokens.
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import os
 import threading
 import time
 from collections.abc import Sequence
-from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 
 os.environ.setdefault("KERAS_BACKEND", "jax")  # before keras is imported anywhere in this process
@@ -26,7 +27,6 @@ os.environ.setdefault("KERAS_BACKEND", "jax")  # before keras is imported anywhe
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import keras  # noqa: E402
-import keras_hub  # noqa: E402
 import numpy as np  # noqa: E402
 
 from chatlens.contracts import MAX_REPLY_CHARS, MAX_SUMMARY_CHARS, ChatWindow
@@ -43,9 +43,9 @@ from pipeline.prompts import PromptSet, fit_transcript, transcript_lines
 
 log = logging.getLogger(__name__)
 
-# Chats scored together differ by at most this many tokens: one long chat would otherwise pad
+# Prompts run together differ by at most this many tokens: one long chat would otherwise pad
 # a whole batch to its length (prefill cost grows with padded tokens, not with real ones).
-SCORE_LENGTH_SPREAD = 128
+LENGTH_SPREAD = 128
 
 
 @dataclass(frozen=True)
@@ -94,15 +94,11 @@ class GemmaEngine:
         self._shapes: set[tuple] = set()
         self._label_ids = self._single_token_ids(prompts.labels)
         self._stop_ids = {task: self._stop_token_ids(stops) for task, stops in prompts.stop.items()}
-        self._samplers = {
-            False: keras_hub.samplers.GreedySampler(),
-            True: RepetitionPenaltySampler(config.repetition_penalty),
-        }
-        self._generate_fns: dict[bool, object] = {}  # sampler kind -> keras-hub's compiled function
         template = prompts.templates["sentiment"]
         self._head_text = template[: template.index("{transcript}")]
         self._head = None  # attention cache of the shared prompt head, built on first use
         self._prefill_fn, self._score_fn = self._build_score_fns()
+        self._generate_fn = self._build_generate_fn()
         self._overhead_tokens = {task: len(self._encode(prompts.overhead(task))) for task in prompts.templates}
         self._calibration = self._content_free_bias()
 
@@ -184,15 +180,23 @@ class GemmaEngine:
             self.stats.compiles.append(f"{kind} batch={batch} length={length}")
             log.info("XLA compile #%d: %s batch=%d length=%d", len(self._shapes), kind, batch, length)
 
-    def _padded(self, rows: Sequence[Sequence[int]], extra: int) -> tuple[np.ndarray, np.ndarray]:
+    def _padded(self, rows: Sequence[Sequence[int]], extra: int = 0, left: bool = False
+                ) -> tuple[np.ndarray, np.ndarray]:
+        """Rows padded to a batch bucket and a length bucket, plus `extra` free positions at the end.
+
+        Right padding suits scoring (each row's last token is read); left padding puts every
+        prompt's end at the same position, so generation starts at once for all rows.
+        """
         batch = bucket(len(rows), BATCH_BUCKETS)
-        length = bucket(max(map(len, rows)) + extra, LENGTH_BUCKETS)
+        length = bucket(max(map(len, rows)), LENGTH_BUCKETS)
         filler = min(rows, key=len)  # padding rows repeat a real prompt: a 0-length row breaks decoding
-        token_ids = np.zeros((batch, length), dtype="int32")
-        mask = np.zeros((batch, length), dtype="bool")
+        token_ids = np.zeros((batch, length + extra), dtype="int32")
+        mask = np.zeros((batch, length + extra), dtype="bool")
+        mask[:, length:] = True
         for i, row in enumerate(itertools.chain(rows, itertools.repeat(filler, batch - len(rows)))):
-            token_ids[i, : len(row)] = row
-            mask[i, : len(row)] = True
+            span = slice(length - len(row), length) if left else slice(0, len(row))
+            token_ids[i, span] = row
+            mask[i, span] = True
         return token_ids, mask
 
     def _scope(self, state):
@@ -247,7 +251,7 @@ class GemmaEngine:
             self._head = self._prefill_fn(self._state(), head_ids)
         rows = [self.tokenize(self.prompts.render("sentiment", t)[len(self._head_text):]) for t in transcripts]
         log_probs = np.zeros((len(rows), len(self._label_ids)), dtype="float32")
-        for group in length_groups([len(r) for r in rows], max_spread=SCORE_LENGTH_SPREAD):
+        for group in length_groups([len(r) for r in rows], max_spread=LENGTH_SPREAD):
             token_ids, _ = self._padded([rows[i] for i in group], extra=0)
             self._note_shape("score", *token_ids.shape)
             last = np.array([len(rows[i]) - 1 for i in group] + [0] * (len(token_ids) - len(group)), dtype="int32")
@@ -262,45 +266,70 @@ class GemmaEngine:
         log.info("sentiment calibration bias (neg, neu, pos): %s", np.round(bias, 3).tolist())
         return bias
 
-    @contextmanager
-    def _generate_fn(self, penalised: bool):
-        """keras-hub's compiled generate function for one sampler, without leaving it on the model.
+    def _build_generate_fn(self):
+        """Greedy decoding of left-padded prompts: one prefill, then one step per new token.
 
-        keras-hub traces `generate_step` lazily with whatever sampler is on the model, so the
-        sampler is set for the duration of the call and the model is restored afterwards.
+        keras-hub's own generate needs right padding, so every row decodes from the shortest
+        prompt's end and longer rows spend steps re-reading their prompts. With prompts
+        right-aligned, all rows start together and the loop runs `max_new` steps at most,
+        fewer once every row has produced a stop token. Padding is masked out of attention;
+        Gemma's rotary positions are relative, so a row's shift does not change its output.
+        `penalised` divides the logits of tokens already generated by the repetition penalty.
         """
-        saved = self.lm.sampler, self.lm.generate_function
-        self.lm.sampler, self.lm.generate_function = self._samplers[penalised], self._generate_fns.get(penalised)
-        try:
-            yield self.lm.make_generate_function()
-        finally:
-            self._generate_fns[penalised] = self.lm.generate_function
-            self.lm.sampler, self.lm.generate_function = saved
+        lm, backbone = self.lm, self.lm.backbone
+        penalty = self.config.repetition_penalty
+
+        @functools.partial(jax.jit, static_argnames=("max_new", "penalised"))
+        def generate(state, token_ids, key_mask, stop_ids, max_new, penalised):
+            batch, length = token_ids.shape
+            start = length - max_new
+            shape = (batch, length, backbone.num_key_value_heads, backbone.head_dim)
+            cache = tuple((jnp.zeros(shape, lm.compute_dtype), jnp.zeros(shape, lm.compute_dtype))
+                          for _ in range(backbone.num_layers))
+            with self._scope(state):
+                logits, _, cache = lm.call_with_cache(token_ids[:, :start], cache, 0, padding_mask=key_mask)
+            rows = jnp.arange(batch)
+
+            def step(carry):
+                index, tokens, cache, logits, seen, done = carry
+                logits = logits.astype("float32")
+                if penalised:
+                    logits = jnp.where(seen, jnp.where(logits > 0, logits / penalty, logits * penalty), logits)
+                chosen = jnp.argmax(logits, axis=-1).astype("int32")
+                tokens = jax.lax.dynamic_update_slice(tokens, chosen[:, None], (0, index))
+                done = done | jnp.isin(chosen, stop_ids)
+                with self._scope(state):
+                    logits, _, cache = lm.call_with_cache(chosen[:, None], cache, index, padding_mask=key_mask)
+                return index + 1, tokens, cache, logits[:, -1], seen.at[rows, chosen].set(True), done
+
+            def running(carry):
+                index, *_, done = carry
+                return (index < length) & ~jnp.all(done)
+
+            seen = jnp.zeros((batch, logits.shape[-1]), bool)
+            carry = (start, token_ids, cache, logits[:, -1], seen, jnp.zeros((batch,), bool))
+            return jax.lax.while_loop(running, step, carry)[1][:, start:]
+
+        return generate
 
     def _generate_group(self, rows: list[list[int]], max_new: int, stop_ids: tuple[int, ...], penalised: bool
                         ) -> list[list[int]]:
-        token_ids, mask = self._padded(rows, extra=max_new)
+        token_ids, mask = self._padded(rows, extra=max_new, left=True)
         self._note_shape("generate-penalised" if penalised else "generate", *token_ids.shape)
         self.stats.generate_calls += 1
-        with self._generate_fn(penalised) as generate:
-            out = generate({"token_ids": token_ids, "padding_mask": mask}, stop_token_ids=stop_ids)
-        out_ids = np.asarray(out["token_ids"])
+        out = np.asarray(self._generate_fn(self._state(), token_ids, mask, np.array(stop_ids, dtype="int32"),
+                                           max_new=max_new, penalised=penalised))
         results = []
-        for i, row in enumerate(rows):
-            new = out_ids[i, len(row) : len(row) + max_new].tolist()
+        for new in out[: len(rows)].tolist():
             ends = [j for j, token in enumerate(new) if token in stop_ids]
             results.append(new[: ends[0]] if ends else new)
         return results
 
     def _generate_tokens(self, rows: list[list[int]], max_new: int, stop_ids: tuple[int, ...], penalised: bool
                          ) -> list[list[int]]:
-        """Generate for all rows in as few calls as the length spread allows.
-
-        Decoding runs from the shortest prompt's end to the longest's end plus `max_new`, so
-        rows whose lengths differ by more than `max_new` go into separate calls.
-        """
+        """Generate for all rows in as few calls as their length spread allows."""
         results: list[list[int]] = [[] for _ in rows]
-        for group in length_groups([len(r) for r in rows], max_spread=max_new):
+        for group in length_groups([len(r) for r in rows], max_spread=LENGTH_SPREAD):
             for index, new in zip(group, self._generate_group([rows[i] for i in group], max_new, stop_ids, penalised)):
                 results[index] = new
         return results
@@ -391,33 +420,3 @@ def _flags(generated: Generated, task: str) -> tuple[str, ...]:
     if generated.degenerate:
         flags += (f"{task}_degenerate",)
     return flags
-
-
-class RepetitionPenaltySampler(keras_hub.samplers.GreedySampler):
-    """Greedy decoding that divides the logits of already generated tokens by `penalty`.
-
-    It decorates the model's `next` function, which sees the whole token array, so the
-    sampling loop itself stays keras-hub's.
-    """
-
-    def __init__(self, penalty: float, **kwargs):
-        super().__init__(**kwargs)
-        self.penalty = penalty
-
-    def __call__(self, next, prompt, cache=None, index=0, mask=None, **kwargs):
-        prompt_mask = jnp.asarray(mask, dtype=bool)
-        batch, length = prompt.shape
-        positions = jnp.arange(length)[None, :]
-        rows = jnp.arange(batch)[:, None]
-
-        def penalised_next(tokens, cache, index):
-            logits, hidden, cache = next(tokens, cache, index)
-            generated = ((positions < index) & ~prompt_mask).astype(logits.dtype)
-            seen = jnp.zeros(logits.shape, logits.dtype).at[rows, tokens].max(generated)
-            penalised = jnp.where(logits > 0, logits / self.penalty, logits * self.penalty)
-            return jnp.where(seen > 0, penalised, logits), hidden, cache
-
-        return super().__call__(penalised_next, prompt, cache=cache, index=index, mask=mask, **kwargs)
-
-    def get_config(self):
-        return {**super().get_config(), "penalty": self.penalty}
