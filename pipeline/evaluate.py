@@ -4,7 +4,9 @@ The data file holds one ChatWindow per line plus a `label` field (-1, 0 or 1). G
 through the same GemmaModelHandler as the streaming pipeline (task 'sentiment': one scoring
 pass per batch); the VADER lexicon (`vadersentiment`) on the customer's messages is the
 classic baseline to beat. Prints accuracy, macro-F1 and the confusion matrix per system, or
-one JSON object with `--json`.
+one JSON object with `--json`. `--cross-validate` adds, per Gemma system, the figures on
+held-out chats with the calibration strength chosen on the other folds: the honest number
+when the strength was tuned on the same set.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from chatlens.contracts import ChatWindow, ContractError, parse_window
 
 LABELS = (-1, 0, 1)
 NAMES = {-1: "negative", 0: "neutral", 1: "positive"}
+CV_STRENGTHS = (0.0, 0.25, 0.5, 0.75, 1.0)  # calibration strengths tried by --cross-validate
 
 
 @dataclass(frozen=True)
@@ -68,6 +71,45 @@ def scores(truth: Sequence[int], predicted: Sequence[int]) -> dict:
     }
 
 
+def recalibrated(probabilities: Sequence[Sequence[float]], bias: Sequence[float], used: float, strength: float
+                 ) -> list[int]:
+    """Labels at another calibration strength: p ~ raw / bias**used, so raw / bias**s ~ p * bias**(used - s)."""
+    labels = []
+    for row in probabilities:
+        weighted = [p * b ** (used - strength) for p, b in zip(row, bias)]
+        labels.append(max(range(3), key=weighted.__getitem__) - 1)
+    return labels
+
+
+def cross_validate_strength(probabilities: Sequence[Sequence[float]], truth: Sequence[int], bias: Sequence[float],
+                            used: float, strengths: Sequence[float] = CV_STRENGTHS, folds: int = 2) -> dict:
+    """Held-out scores: each fold's labels use the strength with the best macro-F1 on the other folds.
+
+    Folds are stratified (the i-th chat of each label goes to fold i mod `folds`), so every
+    fold keeps the label balance.
+    """
+    seen: dict[int, int] = {}
+    fold_of = []
+    for label in truth:
+        fold_of.append(seen.get(label, 0) % folds)
+        seen[label] = seen.get(label, 0) + 1
+    predicted = [0] * len(truth)
+    chosen = []
+    for fold in range(folds):
+        train = [i for i, f in enumerate(fold_of) if f != fold]
+        test = [i for i, f in enumerate(fold_of) if f == fold]
+
+        def train_f1(strength: float) -> float:
+            labels = recalibrated([probabilities[i] for i in train], bias, used, strength)
+            return scores([truth[i] for i in train], labels)["macro_f1"]
+
+        best = max(strengths, key=train_f1)
+        chosen.append(best)
+        for i, label in zip(test, recalibrated([probabilities[i] for i in test], bias, used, best)):
+            predicted[i] = label
+    return {**scores(truth, predicted), "strengths": chosen}
+
+
 def vader_predict(windows: Sequence[ChatWindow]) -> list[int]:
     """VADER's compound score of the customer's text, with VADER's own ±0.05 thresholds."""
     from vaderSentiment.vaderSentiment import SentimentIntensityAnalyzer
@@ -84,24 +126,27 @@ def vader_predict(windows: Sequence[ChatWindow]) -> list[int]:
 
 def gemma_predictor(model: str, variant: str | None, batch_size: int, progress, cache: Path | None = None
                     ) -> Callable:
-    """A predictor running GemmaModelHandler's sentiment task, batch by batch."""
+    """A predictor running GemmaModelHandler's sentiment task, batch by batch.
+
+    It carries the engine's calibration (label bias, strength used) for --cross-validate.
+    """
     from pipeline.model.handler import GemmaModelHandler
 
     handler = GemmaModelHandler(model, task="sentiment", prompt_variant=variant, large_model=False, cache_dir=cache)
     engine = handler.load_model()
 
-    def predict(windows: Sequence[ChatWindow]) -> list[int]:
-        labels = []
+    def predict(windows: Sequence[ChatWindow]) -> list[tuple[float, float, float]]:
+        """Calibrated probabilities (negative, neutral, positive) per window."""
+        probabilities = []
         for start in range(0, len(windows), batch_size):
             batch = windows[start : start + batch_size]
-            for result in handler.run_inference(batch, engine):
-                probabilities = result.inference
-                labels.append(max(range(3), key=probabilities.__getitem__) - 1)
+            probabilities += [result.inference for result in handler.run_inference(batch, engine)]
             progress(len(batch))
-        return labels
+        return probabilities
 
     predict.prompt_version = engine.prompts.version  # type: ignore[attr-defined]
     predict.model_id = engine.model_id  # type: ignore[attr-defined]
+    predict.calibration = (engine._calibration.tolist(), engine.config.calibration_strength)  # type: ignore[attr-defined]
     return predict
 
 
@@ -114,6 +159,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model-cache", type=Path, help="model cache directory (default: CHATLENS_CACHE)")
     parser.add_argument("--batch-size", type=int, default=8, help="chats per model call (default: %(default)s)")
     parser.add_argument("--no-vader", action="store_true", help="skip the VADER baseline")
+    parser.add_argument("--cross-validate", action="store_true",
+                        help="also report each Gemma system on held-out chats, the calibration strength "
+                             f"(one of {', '.join(map(str, CV_STRENGTHS))}) chosen on the other half")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
 
 
@@ -133,10 +181,13 @@ def run(args: argparse.Namespace) -> int:
             with tqdm(total=len(windows), desc=f"{model} {variant or ''}".strip(), file=sys.stderr,
                       disable=args.json and not sys.stderr.isatty()) as bar:
                 predict = gemma_predictor(model, variant, args.batch_size, bar.update, args.model_cache)
-                predicted = predict(windows)
+                probabilities = predict(windows)
             name = f"{model}/{predict.prompt_version.rsplit('/', 1)[-1]}"
-            results[name] = {**scores(truth, predicted), "model_id": predict.model_id,
-                             "prompt_version": predict.prompt_version}
+            bias, used = predict.calibration
+            results[name] = {**scores(truth, recalibrated(probabilities, bias, used, used)),
+                             "model_id": predict.model_id, "prompt_version": predict.prompt_version}
+            if args.cross_validate:
+                results[f"{name} (held out)"] = cross_validate_strength(probabilities, truth, bias, used)
     if args.json:
         print(json.dumps(results))
     else:
