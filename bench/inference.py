@@ -152,7 +152,7 @@ def child(args: argparse.Namespace) -> None:
 
 
 def run_child(command: list[str], system: str, chats: int) -> dict:
-    """Run one system in its own process with a progress bar; its log goes to a file on failure."""
+    """Run one system in its own process with a progress bar; its log is kept aside and shown on failure."""
     from tqdm import tqdm
 
     with tempfile.TemporaryFile("w+") as log, tqdm(total=chats, desc=system, unit="chat", file=sys.stderr) as bar:

@@ -24,8 +24,8 @@ def bucket(value: int, buckets: Sequence[int]) -> int:
 def length_groups(lengths: Sequence[int], max_spread: int, max_batch: int = BATCH_BUCKETS[-1]) -> list[list[int]]:
     """Indices sorted by length, split where a group's lengths would differ by more than `max_spread`.
 
-    One long chat in a batch would otherwise pad every row to its length (scoring) or make
-    every row decode through its prompt (generation).
+    One long chat in a batch would otherwise pad every row to its length, and prefill
+    (scoring and generation alike) costs padded tokens, not real ones.
     """
     groups: list[list[int]] = []
     for index in sorted(range(len(lengths)), key=lambda i: lengths[i]):
