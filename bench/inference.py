@@ -55,9 +55,9 @@ def compile_counter() -> list[int]:
 
 
 def load_chats(path: Path, n: int):
-    from pipeline.evaluate import load_labelled
+    from pipeline.corpus import load_examples
 
-    chats = [c.window for c in load_labelled(path)]
+    chats = [e.window for e in load_examples(path)]
     return [chats[(i * 3) % len(chats)] for i in range(n)]  # spread over labels and domains
 
 
@@ -176,7 +176,7 @@ def main() -> int:
     parser.add_argument("--batch-size", type=int, default=8, help="ChatLens batch size (default: %(default)s)")
     parser.add_argument("--model", default="gemma3-270m", help="model spec (default: %(default)s)")
     parser.add_argument("--cache", default=os.environ.get("CHATLENS_CACHE"), help="model cache directory")
-    parser.add_argument("--data", type=Path, default=ROOT / "tests/data/eval_chats.jsonl")
+    parser.add_argument("--data", type=Path, default=ROOT / "data/source/eval_chats.jsonl")
     parser.add_argument("--system", choices=["public", "chatlens"], help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.system:

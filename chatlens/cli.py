@@ -23,6 +23,7 @@ COMMANDS: dict[str, str] = {
     "demo": "chatlens.demo",
     "simulate": "chatlens.simulate",
     "eval": "pipeline.evaluate",
+    "tune": "pipeline.tune",
     "pipeline": "pipeline.streaming",
     "analyze": "pipeline.batch",
 }

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 README = Path(__file__).resolve().parents[1] / "README.md"
-COMMANDS = ("pipeline", "demo", "simulate", "analyze", "eval", "dashboard", "replay", "pubsub-emulator")
+COMMANDS = ("pipeline", "demo", "simulate", "analyze", "eval", "tune", "dashboard", "replay", "pubsub-emulator")
 _DEFAULT_IN_HELP = re.compile(r"\s*\(default:? ([^()]*(?:\([^()]*\)[^()]*)*)\)\s*$")
 """A help text's closing "(default X)": X goes to the Default column, the rest to Meaning."""
 

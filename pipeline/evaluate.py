@@ -1,168 +1,217 @@
-"""Measure sentiment quality on labelled chats: each model and prompt variant against VADER.
+"""Score sentiment, summaries and reply drafts on labelled chats: each model against VADER.
 
-The data file holds one ChatWindow per line plus a `label` field (-1, 0 or 1). Gemma runs
-through the same GemmaModelHandler as the streaming pipeline (task 'sentiment': one scoring
-pass per batch); the VADER lexicon (`vadersentiment`) on the customer's messages is the
-classic baseline to beat. Prints accuracy, macro-F1 and the confusion matrix per system, or
-one JSON object with `--json`. `--cross-validate` adds, per Gemma system, the figures on
-held-out chats with the calibration strength chosen on the other folds: the honest number
-when the strength was tuned on the same set.
+The data is the corpus in `data/` (`--split test` by default; `--data FILE` for any file of
+the same format) or, with `--from-dashboard DATABASE_URL`, what staff taught the dashboard:
+their sentiment corrections as labels, their approved or edited replies as gold replies.
+Each model spec runs through the engine the pipeline uses (sentiment and summary for every
+chat, a reply draft for every chat with a gold reply); VADER on the customer's messages is
+the sentiment baseline. Per system it prints sentiment accuracy, macro-F1, per-class F1,
+the confusion matrix and the calibration error of the confidence; summary and reply ROUGE-L,
+the share grounded in the chat, lengths, languages and placeholders; and the speed.
+`--json` prints one object instead; `--show N` prints the N worst examples per metric
+beside the gold, so a person can see what goes wrong.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from chatlens.contracts import ChatWindow, ContractError, parse_window
-
-LABELS = (-1, 0, 1)
-NAMES = {-1: "negative", 0: "neutral", 1: "positive"}
-CV_STRENGTHS = (0.0, 0.25, 0.5, 0.75, 1.0)  # calibration strengths tried by --cross-validate
+from chatlens.contracts import SENTIMENT_LABELS, ChatWindow
+from pipeline import scoring
+from pipeline.corpus import MAX_GOLD_SUMMARY_CHARS, SPLITS, Example, load_examples, split_path
 
 
 @dataclass(frozen=True)
-class LabelledChat:
-    window: ChatWindow
+class Prediction:
+    """One system's outputs for one chat; what a system does not produce is None."""
+
     label: int
+    confidence: float | None = None
+    summary: str | None = None
+    reply: str | None = None
 
 
-def load_labelled(path: Path) -> list[LabelledChat]:
-    """Labelled chats from JSON Lines; a bad line stops the run with its line number."""
-    chats = []
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-        if not line.strip():
-            continue
-        record = json.loads(line)
-        label = record.pop("label", None)
-        if label not in LABELS:
-            raise ContractError(f"{path}:{number}: label must be -1, 0 or 1, not {label!r}")
-        try:
-            chats.append(LabelledChat(parse_window(json.dumps(record)), label))
-        except ContractError as error:
-            raise ContractError(f"{path}:{number}: {error}") from None
-    return chats
+System = Callable[[Sequence[Example], Callable[[int], None]], list[Prediction]]
 
 
-def scores(truth: Sequence[int], predicted: Sequence[int]) -> dict:
-    """Accuracy, macro-F1 and the confusion matrix (rows: truth, columns: prediction)."""
-    confusion = [[0, 0, 0] for _ in LABELS]
-    for t, p in zip(truth, predicted, strict=True):
-        confusion[t + 1][p + 1] += 1
-    f1s = []
-    for k in range(3):
-        true_positive = confusion[k][k]
-        predicted_k = sum(row[k] for row in confusion)
-        actual_k = sum(confusion[k])
-        precision = true_positive / predicted_k if predicted_k else 0.0
-        recall = true_positive / actual_k if actual_k else 0.0
-        f1s.append(2 * precision * recall / (precision + recall) if precision + recall else 0.0)
-    total = sum(map(sum, confusion))
-    return {
-        "n": total,
-        "accuracy": round(sum(confusion[k][k] for k in range(3)) / total, 4) if total else 0.0,
-        "macro_f1": round(sum(f1s) / 3, 4),
-        "f1": {NAMES[label]: round(f, 4) for label, f in zip(LABELS, f1s)},
-        "confusion": confusion,
-    }
+# ---- systems --------------------------------------------------------------------------------
+def customer_text(window: ChatWindow) -> str:
+    return " ".join(m.text for m in window.messages if m.sender == "customer") or " ".join(
+        m.text for m in window.messages)
 
 
-def recalibrated(probabilities: Sequence[Sequence[float]], bias: Sequence[float], used: float, strength: float
-                 ) -> list[int]:
-    """Labels at another calibration strength: p ~ raw / bias**used, so raw / bias**s ~ p * bias**(used - s)."""
-    labels = []
-    for row in probabilities:
-        weighted = [p * b ** (used - strength) for p, b in zip(row, bias)]
-        labels.append(max(range(3), key=weighted.__getitem__) - 1)
-    return labels
+def transcript_text(window: ChatWindow) -> str:
+    return "\n".join(m.text for m in window.messages)
 
 
-def cross_validate_strength(probabilities: Sequence[Sequence[float]], truth: Sequence[int], bias: Sequence[float],
-                            used: float, strengths: Sequence[float] = CV_STRENGTHS, folds: int = 2) -> dict:
-    """Held-out scores: each fold's labels use the strength with the best macro-F1 on the other folds.
-
-    Folds are stratified (the i-th chat of each label goes to fold i mod `folds`), so every
-    fold keeps the label balance.
-    """
-    seen: dict[int, int] = {}
-    fold_of = []
-    for label in truth:
-        fold_of.append(seen.get(label, 0) % folds)
-        seen[label] = seen.get(label, 0) + 1
-    predicted = [0] * len(truth)
-    chosen = []
-    for fold in range(folds):
-        train = [i for i, f in enumerate(fold_of) if f != fold]
-        test = [i for i, f in enumerate(fold_of) if f == fold]
-
-        def train_f1(strength: float) -> float:
-            labels = recalibrated([probabilities[i] for i in train], bias, used, strength)
-            return scores([truth[i] for i in train], labels)["macro_f1"]
-
-        best = max(strengths, key=train_f1)
-        chosen.append(best)
-        for i, label in zip(test, recalibrated([probabilities[i] for i in test], bias, used, best)):
-            predicted[i] = label
-    return {**scores(truth, predicted), "strengths": chosen}
-
-
-def vader_predict(windows: Sequence[ChatWindow]) -> list[int]:
+def vader(examples: Sequence[Example], progress: Callable[[int], None]) -> list[Prediction]:
     """VADER's compound score of the customer's text, with VADER's own ±0.05 thresholds."""
     from vaderSentiment.vaderSentiment import SentimentIntensityAnalyzer
 
     analyzer = SentimentIntensityAnalyzer()
     predictions = []
-    for window in windows:
-        text = " ".join(m.text for m in window.messages if m.sender == "customer") or " ".join(
-            m.text for m in window.messages)
-        compound = analyzer.polarity_scores(text)["compound"]
-        predictions.append(1 if compound >= 0.05 else -1 if compound <= -0.05 else 0)
+    for example in examples:
+        compound = analyzer.polarity_scores(customer_text(example.window))["compound"]
+        predictions.append(Prediction(1 if compound >= 0.05 else -1 if compound <= -0.05 else 0))
+        progress(1)
     return predictions
 
 
-def gemma_predictor(model: str, variant: str | None, batch_size: int, progress, cache: Path | None = None
-                    ) -> Callable:
-    """A predictor running GemmaModelHandler's sentiment task, batch by batch.
+def decoder_predictions(decoder, examples: Sequence[Example], batch_size: int, progress: Callable[[int], None]
+                        ) -> list[Prediction]:
+    """The tuned model's one pass per chat, with a reply wherever the gold has one."""
+    predictions = []
+    for start in range(0, len(examples), batch_size):
+        batch = examples[start : start + batch_size]
+        for output in decoder.run([e.window for e in batch], [e.has_gold("reply") for e in batch]):
+            probabilities = output.probabilities
+            label = max(range(3), key=probabilities.__getitem__) - 1
+            predictions.append(Prediction(label, max(probabilities), output.summary, output.reply))
+        progress(len(batch))
+    return predictions
 
-    It carries the engine's calibration (label bias, strength used) for --cross-validate.
-    """
+
+def tuned_system(model: str, adapter: Path, batch_size: int, cache: Path | None = None) -> tuple[System, dict]:
+    """A system running a base model with a ChatLens adapter, one pass per chat."""
+    from pipeline.model.handler import DEFAULT_ENV
+
+    for name, value in DEFAULT_ENV.items():
+        os.environ.setdefault(name, value)
+    from pipeline.model.one_pass import OnePassDecoder
+    from pipeline.model.sources import load_causal_lm
+
+    lm, source = load_causal_lm(model, cache_dir=cache)
+    lm.backbone.load_lora_weights(str(adapter))
+    decoder = OnePassDecoder(lm)
+    return (lambda examples, progress: decoder_predictions(decoder, examples, batch_size, progress),
+            {"model_id": f"{source.model_id}+{adapter.name.removesuffix('.lora.h5')}"})
+
+
+def gemma_system(model: str, variant: str | None, batch_size: int, cache: Path | None = None
+                 ) -> tuple[System, dict]:
+    """A system running the pipeline's engine: analysis for every chat, replies where gold has one."""
     from pipeline.model.handler import GemmaModelHandler
 
-    handler = GemmaModelHandler(model, task="sentiment", prompt_variant=variant, large_model=False, cache_dir=cache)
-    engine = handler.load_model()
+    engine = GemmaModelHandler(model, task="analyze", prompt_variant=variant, large_model=False,
+                               cache_dir=cache).load_model()
 
-    def predict(windows: Sequence[ChatWindow]) -> list[tuple[float, float, float]]:
-        """Calibrated probabilities (negative, neutral, positive) per window."""
-        probabilities = []
-        for start in range(0, len(windows), batch_size):
-            batch = windows[start : start + batch_size]
-            probabilities += [result.inference for result in handler.run_inference(batch, engine)]
+    def run(examples: Sequence[Example], progress: Callable[[int], None]) -> list[Prediction]:
+        predictions = []
+        for start in range(0, len(examples), batch_size):
+            batch = examples[start : start + batch_size]
+            analyses = engine.analyze([e.window for e in batch])
+            wanted = [i for i, e in enumerate(batch) if e.has_gold("reply")]
+            drafts = dict(zip(wanted, engine.draft_replies([batch[i].window for i in wanted]))) if wanted else {}
+            predictions += [Prediction(a.sentiment, a.confidence, a.summary, drafts.get(i, (None,))[0])
+                            for i, a in enumerate(analyses)]
             progress(len(batch))
-        return probabilities
+        return predictions
 
-    predict.prompt_version = engine.prompts.version  # type: ignore[attr-defined]
-    predict.model_id = engine.model_id  # type: ignore[attr-defined]
-    predict.calibration = (engine._calibration.tolist(), engine.config.calibration_strength)  # type: ignore[attr-defined]
-    return predict
+    return run, {"model_id": engine.model_id, "prompt_version": engine.prompts.version}
 
 
+# ---- scoring --------------------------------------------------------------------------------
+def _mean(values: Sequence[float]) -> float | None:
+    return round(sum(values) / len(values), 4) if values else None
+
+
+def score_system(examples: Sequence[Example], predictions: Sequence[Prediction]) -> tuple[dict, dict]:
+    """The figures of one system, and per metric the chats ranked worst first (for --show)."""
+    results: dict = {}
+    worst: dict[str, list[tuple[float, int, str]]] = {}
+    labelled = [i for i, e in enumerate(examples) if e.has_gold("label")]
+    if labelled:
+        truth = [examples[i].label for i in labelled]
+        predicted = [predictions[i].label for i in labelled]
+        sentiment = scoring.sentiment_scores(truth, predicted)
+        confidences = [predictions[i].confidence for i in labelled]
+        if all(c is not None for c in confidences):
+            sentiment["ece"] = scoring.expected_calibration_error(confidences, [t == p for t, p in zip(truth, predicted)])
+            worst["sentiment"] = sorted((-c, i, f"predicted {SENTIMENT_LABELS[p]} at {c:.2f}")
+                                        for i, t, p, c in zip(labelled, truth, predicted, confidences) if t != p)
+        else:
+            sentiment["ece"] = None
+            worst["sentiment"] = [(0.0, i, f"predicted {SENTIMENT_LABELS[p]}")
+                                  for i, t, p in zip(labelled, truth, predicted) if t != p]
+        results["sentiment"] = sentiment
+    for kind, limit in (("summary", MAX_GOLD_SUMMARY_CHARS), ("reply", None)):
+        pairs = [(i, getattr(predictions[i], kind), getattr(e, kind)) for i, e in enumerate(examples)
+                 if e.has_gold(kind) and getattr(predictions[i], kind) is not None]
+        if not pairs:
+            continue
+        rouge, grounded, languages, placeholders, problems = [], [], [], [], []
+        frequency = scoring.document_frequency(customer_text(e.window) for e in examples)
+        for i, text, gold in pairs:
+            window = examples[i].window
+            language = "en" if kind == "summary" else (window.language or "en")
+            r = scoring.rouge_l(text, gold)
+            rouge.append((r, i, f"ROUGE-L {r:.2f}"))
+            missing = scoring.ungrounded(text, transcript_text(window), language)
+            grounded.append((not missing, i, f"not in the chat: {', '.join(missing)}"))
+            if kind == "reply":
+                found = scoring.language_of(text)
+                languages.append((found == language, i, f"written in {found}, the chat is in {language}"))
+                hole = scoring.placeholder(text)
+                placeholders.append((hole is not None, i, f"placeholder {hole}"))
+                terms = scoring.problem_terms(text, customer_text(window), frequency)
+                problems.append((bool(terms), i, "names no specific problem of the chat"))
+        lengths = [len(text) for _, text, _ in pairs]
+        figures = {
+            "n": len(pairs),
+            "rouge_l": _mean([r for r, _, _ in rouge]),
+            "grounded": _mean([g for g, _, _ in grounded]),
+            "mean_chars": _mean(lengths),
+        }
+        worst[f"{kind} ROUGE-L"] = sorted(rouge)
+        worst[f"{kind} grounded"] = [g for g in grounded if not g[0]]
+        if limit:
+            figures["over_limit"] = _mean([n > limit for n in lengths])
+        else:
+            figures.update(in_language=_mean([ok for ok, _, _ in languages]),
+                           placeholders=_mean([bad for bad, _, _ in placeholders]),
+                           states_problem=_mean([ok for ok, _, _ in problems]))
+            worst["reply language"] = [x for x in languages if not x[0]]
+            worst["reply placeholder"] = [x for x in placeholders if x[0]]
+            worst["reply states no problem"] = [x for x in problems if not x[0]]
+        results[kind] = figures
+    return results, worst
+
+
+# ---- the command ----------------------------------------------------------------------------
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--data", type=Path, default=Path("tests/data/eval_chats.jsonl"),
-                        help="labelled ChatWindows, JSON Lines with a 'label' field (default: %(default)s)")
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument("--split", choices=SPLITS, default="test", help="corpus split in data/ (default: %(default)s)")
+    source.add_argument("--data", type=Path, help="a file of the corpus format instead of a split")
+    source.add_argument("--from-dashboard", metavar="DATABASE_URL",
+                        help="score on what staff taught the dashboard: corrected sentiments, approved or edited replies")
     parser.add_argument("--model", action="append", help="model spec, repeatable (default: CHATLENS_MODEL or gemma3-270m)")
+    parser.add_argument("--adapter", type=Path, action="append",
+                        help="a ChatLens LoRA adapter (.lora.h5) to run on each --model, one pass per chat; repeatable")
     parser.add_argument("--prompt-variant", action="append", choices=["completion", "chat"],
                         help="prompt variant, repeatable (default: the model's own kind)")
     parser.add_argument("--model-cache", type=Path, help="model cache directory (default: CHATLENS_CACHE)")
     parser.add_argument("--batch-size", type=int, default=8, help="chats per model call (default: %(default)s)")
+    parser.add_argument("--limit", type=int, help="score only the first N chats (a quick look)")
     parser.add_argument("--no-vader", action="store_true", help="skip the VADER baseline")
-    parser.add_argument("--cross-validate", action="store_true",
-                        help="also report each Gemma system on held-out chats, the calibration strength "
-                             f"(one of {', '.join(map(str, CV_STRENGTHS))}) chosen on the other half")
+    parser.add_argument("--no-model", action="store_true", help="run no model (VADER alone)")
+    parser.add_argument("--show", type=int, default=0, metavar="N", help="print the N worst examples per metric")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
+
+
+def load_data(args: argparse.Namespace) -> tuple[str, list[Example]]:
+    if args.from_dashboard:
+        from app.feedback import export_examples
+
+        return "dashboard", export_examples(args.from_dashboard)
+    path = args.data or split_path(args.split)
+    return str(path), load_examples(path)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -170,33 +219,83 @@ def run(args: argparse.Namespace) -> int:
 
     from chatlens.config import get_settings
 
-    chats = load_labelled(args.data)
-    windows = [c.window for c in chats]
-    truth = [c.label for c in chats]
-    results: dict[str, dict] = {}
+    source, examples = load_data(args)
+    examples = examples[: args.limit] if args.limit else examples
+    if not examples:
+        print(f"no labelled chats in {source}", file=sys.stderr)
+        return 1
+    systems: list[tuple[str, Callable[[], tuple[System, dict]]]] = []
     if not args.no_vader:
-        results["vader"] = scores(truth, vader_predict(windows))
-    for model in args.model or [get_settings().model]:
-        for variant in args.prompt_variant or [None]:
-            with tqdm(total=len(windows), desc=f"{model} {variant or ''}".strip(), file=sys.stderr,
-                      disable=args.json and not sys.stderr.isatty()) as bar:
-                predict = gemma_predictor(model, variant, args.batch_size, bar.update, args.model_cache)
-                probabilities = predict(windows)
-            name = f"{model}/{predict.prompt_version.rsplit('/', 1)[-1]}"
-            bias, used = predict.calibration
-            results[name] = {**scores(truth, recalibrated(probabilities, bias, used, used)),
-                             "model_id": predict.model_id, "prompt_version": predict.prompt_version}
-            if args.cross_validate:
-                results[f"{name} (held out)"] = cross_validate_strength(probabilities, truth, bias, used)
+        systems.append(("vader", lambda: (vader, {})))
+    if not args.no_model:
+        for model in args.model or [get_settings().model]:
+            for adapter in args.adapter or []:
+                systems.append((f"{model}+{adapter.name.removesuffix('.lora.h5')}",
+                                lambda m=model, a=adapter: tuned_system(m, a, args.batch_size, args.model_cache)))
+            for variant in ([] if args.adapter else args.prompt_variant or [None]):
+                name = f"{model}/{variant}" if variant else model
+                systems.append((name, lambda m=model, v=variant: gemma_system(m, v, args.batch_size, args.model_cache)))
+    report: dict = {"data": source, "chats": len(examples), "systems": {}}
+    shown: dict[str, dict] = {}
+    for name, make in systems:
+        system, about = make()
+        with tqdm(total=len(examples), desc=name, unit="chat", file=sys.stderr,
+                  ) as bar:
+            started = time.perf_counter()
+            predictions = system(examples, bar.update)
+            seconds = time.perf_counter() - started
+        figures, worst = score_system(examples, predictions)
+        report["systems"][name] = {**about, **figures, "seconds": round(seconds, 2),
+                                   "chats_per_s": round(len(examples) / seconds, 4) if seconds else None}
+        shown[name] = {"predictions": predictions, "worst": worst}
     if args.json:
-        print(json.dumps(results))
+        print(json.dumps(report))
     else:
-        print(render_table(results))
+        print(render(report))
+    if args.show:
+        print(render_worst(examples, shown, args.show), file=sys.stderr if args.json else sys.stdout)
     return 0
 
 
-def render_table(results: dict[str, dict]) -> str:
-    lines = [f"{'system':<40} {'n':>4} {'accuracy':>9} {'macro-F1':>9}   confusion (rows truth -1/0/1)"]
-    for name, r in results.items():
-        lines.append(f"{name:<40} {r['n']:>4} {r['accuracy']:>9.3f} {r['macro_f1']:>9.3f}   {r['confusion']}")
+def _fmt(value) -> str:
+    return "-" if value is None else f"{value:.3f}" if isinstance(value, float) else str(value)
+
+
+def render(report: dict) -> str:
+    lines = [f"{report['chats']} chats from {report['data']}", ""]
+    rows = [("sentiment", ["n", "accuracy", "macro_f1", "ece"]),
+            ("summary", ["n", "rouge_l", "grounded", "mean_chars", "over_limit"]),
+            ("reply", ["n", "rouge_l", "grounded", "in_language", "placeholders", "states_problem", "mean_chars"])]
+    for kind, columns in rows:
+        systems = {name: r[kind] for name, r in report["systems"].items() if kind in r}
+        if not systems:
+            continue
+        lines.append(f"{kind:<32}" + "".join(f"{c:>15}" for c in columns))
+        for name, figures in systems.items():
+            lines.append(f"  {name:<30}" + "".join(f"{_fmt(figures.get(c)):>15}" for c in columns))
+            if kind == "sentiment":
+                f1 = ", ".join(f"{label} {value:.3f}" for label, value in figures["f1"].items())
+                lines.append(f"  {'':<30}  F1 {f1}; confusion (rows truth -1/0/1) {figures['confusion']}")
+        lines.append("")
+    lines.append("speed: " + "; ".join(f"{name} {r['seconds']:.1f} s, {_fmt(r['chats_per_s'])} chats/s"
+                                      for name, r in report["systems"].items()))
+    return "\n".join(lines)
+
+
+def render_worst(examples: Sequence[Example], shown: dict[str, dict], n: int) -> str:
+    lines = []
+    for name, data in shown.items():
+        for metric, ranked in data["worst"].items():
+            if not ranked:
+                continue
+            lines += ["", f"=== {name}: worst {min(n, len(ranked))} by {metric} ==="]
+            for _, i, why in ranked[:n]:
+                example, prediction = examples[i], data["predictions"][i]
+                chat = " / ".join(f"{m.sender}: {m.text}" for m in example.window.messages)
+                lines += [f"--- {example.window.chat_id} ({why})",
+                          f"  chat:      {chat[:400]}{' …' if len(chat) > 400 else ''}",
+                          f"  label:     gold {example.label}, predicted {prediction.label}"]
+                kind = "reply" if metric.startswith("reply") else "summary" if metric.startswith("summary") else None
+                if kind:
+                    lines += [f"  gold:      {getattr(example, kind)}", f"  predicted: {getattr(prediction, kind)}"]
     return "\n".join(lines)

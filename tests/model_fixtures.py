@@ -73,3 +73,41 @@ def copy_preset(source: Path, target: Path, model_id: str) -> Path:
 def second_preset(gemma_preset: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The converted Gemma again, as a local preset directory with model_id `gemma3-270m-second`."""
     return copy_preset(gemma_preset, tmp_path_factory.mktemp("presets") / "second", "gemma3-270m-second")
+
+
+@lru_cache(maxsize=None)
+def gemma_tokenizer(cache_dir: Path) -> Any:
+    """The real Gemma 3 tokenizer, rebuilt from the GGUF's metadata (no weights are read)."""
+    import gguf
+    import keras_hub
+
+    from pipeline.model.gguf_convert import read_metadata, tokenizer_proto
+    from pipeline.model.sources import bundled_gguf
+
+    meta = read_metadata(gguf.GGUFReader(bundled_gguf(cache_dir)))
+    return keras_hub.models.Gemma3Tokenizer(proto=tokenizer_proto(meta), has_vision_tokens=False)
+
+
+def tiny_gemma_lm(cache_dir: Path, seed: int = 0) -> Any:
+    """A Gemma3CausalLM with random weights, 2 layers of width 32 and the real tokenizer.
+
+    The same seed gives the same weights: what a test needs to reload an adapter onto them.
+    """
+    import keras
+    import keras_hub
+
+    keras.utils.set_random_seed(seed)
+    tokenizer = gemma_tokenizer(cache_dir)
+    backbone = keras_hub.models.Gemma3Backbone(
+        vocabulary_size=tokenizer.vocabulary_size(), image_size=None, num_layers=2, num_query_heads=2,
+        num_key_value_heads=1, hidden_dim=32, intermediate_dim=64, head_dim=16, query_head_dim_normalize=True,
+        use_query_key_norm=True, use_post_ffw_norm=True, use_post_attention_norm=True,
+        attention_logit_soft_cap=None, final_logit_soft_cap=None, use_sliding_window_attention=True,
+        sliding_window_size=512, dtype="float32")
+    preprocessor = keras_hub.models.Gemma3CausalLMPreprocessor(tokenizer=tokenizer, image_converter=None)
+    return keras_hub.models.Gemma3CausalLM(backbone=backbone, preprocessor=preprocessor)
+
+
+@pytest.fixture
+def tiny_lm(model_cache: Path) -> Any:
+    return tiny_gemma_lm(model_cache)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
 
 import pytest
@@ -241,3 +242,27 @@ def test_ops_endpoints_and_openapi(alice):
     assert docs.status_code == 200 and "/static/vendor/swagger-ui-5.35.0/swagger-ui-bundle.js" in docs.text
     assert alice.get("/static/vendor/swagger-ui-5.35.0/swagger-ui-bundle.js").status_code == 200
     assert alice.get("/static/vendor/htmx-2.0.11.min.js").status_code == 200
+
+
+def test_corrections_and_reviewed_replies_are_exported_as_examples(alice, database_url, capsys):
+    from app.feedback import export_examples
+    from chatlens.cli import main
+
+    alice.post("/api/chats/pos/sentiment", json={"corrected": "neutral"})
+    neg = alice.get("/api/chats/neg-old").json()
+    edited = alice.put("/api/chats/neg-old/draft",
+                       json={"text": "Sorry about the wait, I have chased the kitchen.", "version": neg["version"]})
+    alice.post("/api/chats/neg-new/approve", json={"version": alice.get("/api/chats/neg-new").json()["version"]})
+    assert edited.status_code == 200
+    examples = {e.window.chat_id: e for e in export_examples(database_url)}
+    assert set(examples) == {"pos", "neg-old", "neg-new"}  # "neu" was never reviewed
+    assert examples["pos"].label == 0 and examples["pos"].reply is None and examples["pos"].gold == ("label",)
+    assert examples["neg-old"].reply == "Sorry about the wait, I have chased the kitchen."
+    assert examples["neg-old"].gold == ("reply",) and examples["neg-old"].label == -1  # the model's, as context
+    assert examples["neg-new"].reply == alice.get("/api/chats/neg-new").json()["draft"]
+    assert examples["pos"].window.messages[0].text == "The refund arrived, thank you, brilliant service"
+    # chatlens eval scores on them: sentiment on the one corrected chat.
+    capsys.readouterr()
+    assert main(["eval", "--from-dashboard", database_url, "--no-model", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert report["chats"] == 3 and report["systems"]["vader"]["sentiment"]["n"] == 1

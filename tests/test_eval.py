@@ -1,61 +1,86 @@
-"""`chatlens eval`: the metrics, and Gemma against the VADER baseline on the labelled set."""
+"""`chatlens eval`: the scores of all three outputs, and a run of the real Gemma on corpus chats."""
 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
 from chatlens.cli import main
 from model_fixtures import model_cache  # noqa: F401
-from pipeline.evaluate import cross_validate_strength, load_labelled, recalibrated, scores
+from pipeline import scoring
+from pipeline.corpus import load_split
+from pipeline.evaluate import Prediction, score_system
 
-DATA = Path(__file__).parent / "data" / "eval_chats.jsonl"
 
-
-def test_metrics_on_a_known_confusion():
-    result = scores([-1, -1, 0, 0, 1, 1], [-1, 0, 0, 0, 1, -1])
+def test_sentiment_scores_on_a_known_confusion():
+    result = scoring.sentiment_scores([-1, -1, 0, 0, 1, 1], [-1, 0, 0, 0, 1, -1])
     assert result["confusion"] == [[1, 1, 0], [0, 2, 0], [1, 0, 1]]
     assert result["accuracy"] == pytest.approx(4 / 6, abs=1e-4)
     # F1: negative 0.5, neutral 0.8, positive 0.6667
     assert result["macro_f1"] == pytest.approx((0.5 + 0.8 + 2 / 3) / 3, abs=1e-4)
+    assert result["f1"] == {"negative": 0.5, "neutral": 0.8, "positive": 0.6667}
 
 
-def test_recalibration_moves_labels_away_from_the_biased_one():
-    bias = [0.2, 0.2, 0.6]  # the prompt leans positive
-    raw = [[0.3, 0.25, 0.45]]
-    assert recalibrated(raw, bias, used=0.0, strength=0.0) == [1]
-    assert recalibrated(raw, bias, used=0.0, strength=1.0) == [-1]  # 1.5 vs 1.25 vs 0.75
-    # Recalibrating from strength 1 back to 0 recovers the raw argmax.
-    calibrated = [[p / b for p, b in zip(raw[0], bias)]]
-    assert recalibrated(calibrated, bias, used=1.0, strength=0.0) == [1]
+def test_calibration_error_is_the_gap_between_confidence_and_accuracy():
+    # Bin 0.9: 2 of 4 right (gap 0.4); bin 0.6: 2 of 2 right (gap 0.4): ECE 0.4.
+    assert scoring.expected_calibration_error([0.9] * 4 + [0.6] * 2, [1, 1, 0, 0, 1, 1]) == pytest.approx(0.4)
+    assert scoring.expected_calibration_error([0.75] * 4, [1, 1, 1, 0]) == pytest.approx(0.0)
 
 
-def test_cross_validation_picks_the_strength_on_the_other_fold():
-    bias = [0.2, 0.2, 0.6]
-    # Raw probabilities that are right only once the positive lean is removed (strength 1).
-    raw = {-1: [0.3, 0.1, 0.6], 0: [0.1, 0.3, 0.6], 1: [0.05, 0.05, 0.9]}
-    truth = [-1, 0, 1] * 4
-    result = cross_validate_strength([raw[t] for t in truth], truth, bias, used=0.0)
-    assert len(result["strengths"]) == 2 and min(result["strengths"]) > 0 and result["accuracy"] == 1.0
-    uncalibrated = scores(truth, recalibrated([raw[t] for t in truth], bias, used=0.0, strength=0.0))
-    assert uncalibrated["accuracy"] < 1.0
+def test_rouge_l_counts_accented_words():
+    assert scoring.rouge_l("le colis est arrivé", "le colis est arrivé") == pytest.approx(1.0)
+    assert scoring.rouge_l("désolé pour le retard", "désolé du retard") > 0.5
+    assert scoring.rouge_l("café", "cafe") == 0.0  # rouge-score's own tokenizer would call these equal
 
 
-def test_labelled_set_is_balanced_and_valid():
-    chats = load_labelled(DATA)
-    assert len(chats) >= 80
-    assert {label: sum(c.label == label for c in chats) for label in (-1, 0, 1)} == {-1: 32, 0: 32, 1: 32}
+def test_grounded_finds_numbers_and_names_the_chat_never_mentioned():
+    chat = "customer: order 55120 from QuickBite is late, I'm in Lisbon\nagent: Priya here, 15 minutes"
+    assert scoring.ungrounded("The customer's order 55120 is late; Priya says 15 minutes.", chat) == []
+    assert scoring.ungrounded("The customer's order 55121 from Porto is late.", chat) == ["55121", "Porto"]
+    assert scoring.ungrounded("The customer in lisbon waits. Quickbite apologised.", chat) == []  # sentence start
+    # German capitalises nouns: only mixed-case words count as names there.
+    assert scoring.ungrounded("Es tut uns leid wegen Ihrer Bestellung bei QuickBite.", chat, "de") == []
+    assert scoring.ungrounded("Ihre Bestellung bei PizzaNow", chat, "de") == ["PizzaNow"]
+
+
+def test_placeholders_and_languages_and_problem_terms():
+    assert scoring.placeholder("Dear [Name], we are sorry") == "[Name]"
+    assert scoring.placeholder("Sorry about order {order_id}") == "{order_id}"
+    assert scoring.placeholder("Sorry about order 55120, I have chased it.") is None
+    assert scoring.language_of("Nous sommes vraiment désolés pour le retard de votre colis") == "fr"
+    assert scoring.language_of("Het spijt ons dat uw pakket nog niet is aangekomen") == "nl"
+    frequency = scoring.document_frequency(["my order is late"] * 30 + ["the charger is broken", "refund please"])
+    assert scoring.problem_terms("Sorry your charger is broken", "the charger is broken", frequency) == ["charger", "broken"]
+    assert scoring.problem_terms("Sorry your order is late", "my order is late", frequency) == []
+
+
+def test_score_system_reports_every_output_and_ranks_the_worst():
+    examples = load_split("test")[:6]
+    gold = [Prediction(e.label, 0.9, e.summary, e.reply) for e in examples]
+    figures, worst = score_system(examples, gold)
+    assert figures["sentiment"]["accuracy"] == 1.0 and figures["summary"]["rouge_l"] == 1.0
+    assert figures["summary"]["over_limit"] == 0.0
+    wrong = [Prediction(-e.label if e.label else 1, 0.9, "The customer wants a refund of 999.", None)
+             for e in examples]
+    figures, worst = score_system(examples, wrong)
+    assert figures["sentiment"]["accuracy"] == 0.0 and figures["summary"]["grounded"] == 0.0
+    assert "reply" not in figures  # no system reply at all: nothing to score
+    assert len(worst["summary grounded"]) == 6 and "999" in worst["summary grounded"][0][2]
+
+
+def test_eval_prints_vader_figures_and_the_worst_examples(capsys):
+    assert main(["eval", "--split", "dev", "--no-model", "--show", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "sentiment" in out and "vader" in out and "worst 2 by sentiment" in out and "chats/s" in out
 
 
 @pytest.mark.slow
-def test_gemma_beats_vader_on_macro_f1(model_cache, capsys):  # noqa: F811
-    assert main(["eval", "--data", str(DATA), "--model-cache", str(model_cache), "--json", "--cross-validate"]) == 0
-    results = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    gemma = results["gemma3-270m/completion"]
-    print({name: (r["accuracy"], r["macro_f1"], r.get("strengths")) for name, r in results.items()})
-    assert set(gemma) >= {"accuracy", "macro_f1", "confusion"}
-    assert gemma["macro_f1"] > results["vader"]["macro_f1"]
-    held_out = results["gemma3-270m/completion (held out)"]
-    assert held_out["n"] == gemma["n"] and len(held_out["strengths"]) == 2
+def test_eval_scores_all_three_outputs_of_gemma(model_cache, capsys):  # noqa: F811
+    assert main(["eval", "--split", "test", "--limit", "8", "--model-cache", str(model_cache), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    gemma = report["systems"]["gemma3-270m"]
+    assert report["chats"] == 8 and gemma["sentiment"]["n"] == 8 and gemma["summary"]["n"] == 8
+    assert gemma["reply"]["n"] == sum(bool(e.reply) for e in load_split("test")[:8]) > 0
+    assert 0 <= gemma["sentiment"]["ece"] <= 1 and 0 <= gemma["reply"]["in_language"] <= 1
+    assert gemma["chats_per_s"] > 0 and "vader" in report["systems"]

@@ -8,15 +8,15 @@ from chatlens.cli import main
 from chatlens.config import LAYOUT, subscription_path
 from chatlens.contracts import parse_message, parse_window
 from chatlens.simulate import DEMO_CHATS, load_chats
+from pipeline.corpus import SPLITS, load_split
 
 
 def test_demo_chats_are_valid_and_disjoint_from_the_test_data():
     demo = load_chats(DEMO_CHATS)
     assert len(demo) >= 60
-    test_texts = set()
-    for name in ("eval_chats.jsonl", "e2e_windows.jsonl"):
-        for line in (DEMO_CHATS.parents[2] / "tests" / "data" / name).read_text().splitlines():
-            test_texts |= {m["text"] for m in json.loads(line)["messages"]}
+    test_texts = {m.text for split in SPLITS for e in load_split(split) for m in e.window.messages}
+    for line in (DEMO_CHATS.parents[2] / "tests" / "data" / "e2e_windows.jsonl").read_text().splitlines():
+        test_texts |= {m["text"] for m in json.loads(line)["messages"]}
     assert not test_texts & {m.text for w in demo for m in w.messages}
 
 

@@ -159,20 +159,8 @@ def _targets(backbone: Any) -> Iterator[tuple[str, Any, Transform]]:
             yield f"blk.{i}.{short}.weight", reduce(getattr, path.split("."), block), fn
 
 
-def convert_gguf(gguf_path: Path, preset_dir: Path, *, dtype: str = "float32", progress: bool = True) -> None:
-    """Write a `Gemma3CausalLM` preset (weights, tokenizer, preprocessor) to `preset_dir`.
-
-    Every GGUF tensor must land on exactly one keras variable and every keras
-    variable must be filled, so a layout change in either library fails loudly.
-    """
-    import keras_hub
-
-    reader = gguf.GGUFReader(gguf_path)
-    meta = read_metadata(reader)
-    tokenizer = keras_hub.models.Gemma3Tokenizer(proto=tokenizer_proto(meta), has_vision_tokens=False)
-    preprocessor = keras_hub.models.Gemma3CausalLMPreprocessor(tokenizer=tokenizer, image_converter=None)
-    backbone = keras_hub.models.Gemma3Backbone(**backbone_config(meta), dtype=dtype)
-
+def fill_backbone(backbone: Any, reader: gguf.GGUFReader, progress: bool = True) -> None:
+    """Assign every GGUF tensor, dequantized, to its keras variable (and check none is left out)."""
     targets = {name: (variable, fn) for name, variable, fn in _targets(backbone)}
     filled = set()
     for tensor in tqdm(reader.tensors, desc="Converting Gemma 3 GGUF", unit="tensor", disable=not progress):
@@ -188,6 +176,23 @@ def convert_gguf(gguf_path: Path, preset_dir: Path, *, dtype: str = "float32", p
     missing = {v.path for v in backbone.weights} - filled
     if missing:
         raise ValueError(f"GGUF left keras weights unset: {sorted(missing)[:5]}")
+
+
+def convert_gguf(gguf_path: Path, preset_dir: Path, *, dtype: str = "float32", progress: bool = True) -> None:
+    """Write a `Gemma3CausalLM` preset (weights, tokenizer, preprocessor) to `preset_dir`.
+
+    Every GGUF tensor must land on exactly one keras variable and every keras
+    variable must be filled, so a layout change in either library fails loudly.
+    """
+    import keras_hub
+
+    reader = gguf.GGUFReader(gguf_path)
+    meta = read_metadata(reader)
+    tokenizer = keras_hub.models.Gemma3Tokenizer(proto=tokenizer_proto(meta), has_vision_tokens=False)
+    preprocessor = keras_hub.models.Gemma3CausalLMPreprocessor(tokenizer=tokenizer, image_converter=None)
+    backbone = keras_hub.models.Gemma3Backbone(**backbone_config(meta), dtype=dtype)
+
+    fill_backbone(backbone, reader, progress)
 
     causal_lm = keras_hub.models.Gemma3CausalLM(backbone=backbone, preprocessor=preprocessor)
     causal_lm.save_to_preset(str(preset_dir))

@@ -33,6 +33,7 @@ from chatlens.config import get_settings
 log = logging.getLogger(__name__)
 
 GGUF_SPEC = "gemma3-270m"
+BASE_SPEC = "gemma3-270m-base"  # the bundled GGUF without ChatLens's adapter
 MARKER = "chatlens.json"
 _INSTRUCT = re.compile(r"instruct|(?:^|[-_/])it(?:$|[-_/])", re.IGNORECASE)
 
@@ -77,7 +78,7 @@ def import_keras_hub() -> ModuleType:
 
 def resolve_model(spec: str, cache_dir: str | Path | None = None) -> ModelSource:
     """Find (and for the bundled GGUF, convert if needed) the model named by `spec`."""
-    if spec == GGUF_SPEC:
+    if spec in (GGUF_SPEC, BASE_SPEC):
         return _bundled_gguf(Path(cache_dir) if cache_dir else get_settings().cache)
     path = Path(spec).expanduser()
     if path.is_dir():

@@ -1,0 +1,119 @@
+"""Builds data/{train,dev,test}.jsonl from the hand-written sources in data/source/.
+
+Run once when sources are added (`.venv/bin/python data/tools/build.py`); the split files
+are what the project reads and commits. What it does, and nothing more:
+- turns each authoring-format chat (see AUTHORING.md) into a ChatWindow: ids, user ids,
+  the tenant of its domain, and message times (deterministic, from the chat id);
+- puts the labelled eval chats of the earlier test set (`eval_chats.jsonl` with their gold
+  in `source/eval_gold.jsonl`) into `test`;
+- assigns every other scenario as a whole to one split, stratified by label and by
+  English/not English, in an order fixed by a hash of the scenario id.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+from collections import defaultdict
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from chatlens.contracts import ChatMessage, ChatWindow  # noqa: E402
+from pipeline.corpus import DATA_DIR, Example, split_path, write_examples  # noqa: E402
+
+SOURCES = DATA_DIR / "source"
+EVAL_CHATS = SOURCES / "eval_chats.jsonl"
+TENANTS = {
+    "food_delivery": "quickbite", "parcels": "parcelpoint", "telecom": "telnova", "utilities": "voltgrid",
+    "banking": "northbank", "insurance": "safeharbor", "travel": "skyway", "hotels": "staywell",
+    "retail": "shopmart", "saas": "pixelforge",
+}
+SHARES = {"train": 0.72, "dev": 0.15, "test": 0.13}  # of the scenarios written for this corpus
+START = datetime(2026, 9, 1, tzinfo=timezone.utc)
+
+
+def _hash(text: str) -> int:
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big")
+
+
+def window_of(record: dict) -> ChatWindow:
+    chat_id = record["id"]
+    tenant = TENANTS[record["domain"]]
+    h = _hash(chat_id)
+    at = START + timedelta(seconds=h % (80 * 86400))
+    customer = f"cust-{h % 1_000_000:06d}"
+    agent = f"agent-{tenant}-{h % 57 + 1}"
+    users = {"customer": customer, "agent": agent, "bot": f"bot-{tenant}"}
+    messages = []
+    for index, (sender, text) in enumerate(record["messages"], start=1):
+        at += timedelta(seconds=15 + _hash(f"{chat_id}/{index}") % 240)
+        messages.append(ChatMessage(chat_id=chat_id, message_id=f"{chat_id}-m{index:02d}", sender=sender,
+                                    user_id=users[sender], text=text, sent_at=at))
+    return ChatWindow(chat_id=chat_id, window_id="w1", tenant=tenant, language=record["language"],
+                      customer_id=customer, messages=messages, closed=True)
+
+
+def authored_examples() -> list[Example]:
+    examples = []
+    for path in sorted(SOURCES.glob("h*.jsonl")):
+        for line in path.read_text(encoding="utf-8").splitlines():
+            if line.strip():
+                r = json.loads(line)
+                examples.append(Example(window_of(r), r["label"], r["summary"], r["reply"], r["scenario"],
+                                        r["domain"], tuple(r["hard_cases"])))
+    return examples
+
+
+def eval_examples() -> list[Example]:
+    gold = {}
+    for line in (SOURCES / "eval_gold.jsonl").read_text(encoding="utf-8").splitlines():
+        if line.strip():
+            g = json.loads(line)
+            gold[g["chat_id"]] = g
+    examples = []
+    for line in EVAL_CHATS.read_text(encoding="utf-8").splitlines():
+        record = json.loads(line)
+        label = record.pop("label")
+        g = gold[record["chat_id"]]
+        window = ChatWindow.model_validate_json(json.dumps(record))
+        examples.append(Example(window, label, g["summary"], g["reply"], window.chat_id, g["domain"],
+                                tuple(g["hard_cases"])))
+    return examples
+
+
+def assign(examples: list[Example]) -> dict[str, list[Example]]:
+    """Whole scenarios to splits: per stratum, each scenario goes where the split is furthest below its share."""
+    scenarios: dict[str, list[Example]] = defaultdict(list)
+    for example in examples:
+        scenarios[example.scenario].append(example)
+    strata: dict[tuple, list[str]] = defaultdict(list)
+    for name, members in scenarios.items():
+        first = members[0]
+        strata[(first.label, first.window.language == "en")].append(name)
+    splits: dict[str, list[Example]] = {split: [] for split in SHARES}
+    for key in sorted(strata, key=str):
+        given = dict.fromkeys(SHARES, 0)
+        for name in sorted(strata[key], key=_hash):
+            total = sum(given.values()) + len(scenarios[name])
+            split = max(SHARES, key=lambda s: SHARES[s] * total - given[s])
+            given[split] += len(scenarios[name])
+            splits[split] += scenarios[name]
+    return splits
+
+
+def main() -> int:
+    splits = assign(authored_examples())
+    splits["test"] = eval_examples() + splits["test"]
+    for split, examples in splits.items():
+        examples.sort(key=lambda e: e.window.chat_id)
+        write_examples(split_path(split), examples)
+        print(f"{split}: {len(examples)} chats")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,121 @@
+"""The one prompt-and-answer format the tuned Gemma learns and is decoded with.
+
+A chat becomes one token sequence that yields all three outputs in a single pass:
+
+    <bos>{prompts/tuned/chat.txt with the fenced transcript}   (ends with "Mood:")
+     negative|neutral|positive                                (one token: the label)
+    \\nSummary: {summary}\\n
+    Reply: {reply}<eos>                                        (only where a reply is wanted)
+
+The prompt and the fixed cues ("\\nSummary:", "Reply:") are given, never learnt: only the
+label, the summary, the reply and their terminators carry loss. At inference the same
+sequence is built left to right on one attention cache: the label probabilities are read
+at the end of the prompt, then the summary is decoded, then the reply where selected.
+Segments are tokenized one by one and concatenated, so training and decoding see exactly
+the same token boundaries.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+
+from chatlens.contracts import ChatWindow
+from pipeline.prompts import PROMPTS_DIR, fit_transcript, transcript_lines
+
+LABELS = (" negative", " neutral", " positive")  # index = sentiment + 1
+SUMMARY_CUE = "\nSummary:"
+SUMMARY_END = "\n"
+REPLY_CUE = "Reply:"
+MAX_PROMPT_TOKENS = 1024
+SUMMARY_TOKENS = 96
+REPLY_TOKENS = 192
+ANSWERS = ("label", "summary", "reply")
+
+
+@lru_cache(maxsize=1)
+def template() -> str:
+    text = (PROMPTS_DIR / "tuned" / "chat.txt").read_text(encoding="utf-8").removesuffix("\n")
+    if text.count("{transcript}") != 1 or not text.endswith("Mood:"):
+        raise ValueError("prompts/tuned/chat.txt must hold {transcript} once and end with 'Mood:'")
+    return text
+
+
+@dataclass(frozen=True)
+class Vocabulary:
+    """The token ids of the format's fixed parts, for one tokenizer."""
+
+    tokenize: Callable[[str], list[int]]
+    bos: int
+    eos: int
+    labels: tuple[int, int, int]
+    summary_cue: tuple[int, ...]
+    summary_end: int
+    reply_cue: tuple[int, ...]
+
+    @classmethod
+    def of(cls, tokenize: Callable[[str], list[int]], bos: int, eos: int) -> Vocabulary:
+        labels = [tokenize(label) for label in LABELS]
+        if any(len(ids) != 1 for ids in labels):
+            raise ValueError(f"each label must be one token: {labels}")
+        end = tokenize(SUMMARY_END)
+        if len(end) != 1:
+            raise ValueError("the summary terminator must be one token")
+        return cls(tokenize, bos, eos, tuple(ids[0] for ids in labels), tuple(tokenize(SUMMARY_CUE)), end[0],
+                   tuple(tokenize(REPLY_CUE)))
+
+    def prompt(self, window: ChatWindow, budget: int = MAX_PROMPT_TOKENS) -> tuple[list[int], bool]:
+        """BOS + the fenced chat, cut from its oldest messages to `budget` tokens; and whether it was cut."""
+        head, tail = template().split("{transcript}")
+        fixed = 1 + len(self.tokenize(head)) + len(self.tokenize(tail)) + 2  # newlines a cut may add
+
+        def fits(transcript: str) -> bool:
+            return fixed + len(self.tokenize(transcript)) <= budget
+
+        transcript, cut = fit_transcript(transcript_lines(window.messages), fits)
+        return [self.bos, *self.tokenize(head + transcript + tail)], cut
+
+    def answer(self, label: int, summary: str, reply: str | None, learn: Collection[str] = ANSWERS
+               ) -> tuple[list[int], list[bool]]:
+        """The answer tokens after the prompt, and which of them carry loss (the parts in `learn`)."""
+        tokens: list[int] = [self.labels[label + 1]]
+        learnt = ["label" in learn]
+        summary_ids = self.tokenize(" " + summary.strip())[:SUMMARY_TOKENS]
+        for ids, loss in ((self.summary_cue, False), (summary_ids, "summary" in learn),
+                          ((self.summary_end,), "summary" in learn)):
+            tokens += ids
+            learnt += [loss] * len(ids)
+        if reply:
+            body = self.tokenize(" " + " ".join(reply.split()))[:REPLY_TOKENS - 1]
+            for ids, loss in ((self.reply_cue, False), (body, "reply" in learn), ((self.eos,), "reply" in learn)):
+                tokens += ids
+                learnt += [loss] * len(ids)
+        return tokens, learnt
+
+
+@dataclass(frozen=True)
+class TrainingSequence:
+    """One chat as the model learns it: inputs, next-token targets and where loss counts."""
+
+    token_ids: list[int]
+    targets: list[int]
+    loss_mask: list[bool]
+
+    def __len__(self) -> int:
+        return len(self.token_ids)
+
+
+def training_sequence(vocabulary: Vocabulary, window: ChatWindow, label: int, summary: str, reply: str | None,
+                      learn: Collection[str] = ANSWERS) -> TrainingSequence:
+    """Prompt + answer, shifted by one: position i predicts token i + 1; loss only on the answers in `learn`."""
+    prompt, _ = vocabulary.prompt(window)
+    answer, learnt = vocabulary.answer(label, summary, reply, learn)
+    tokens = prompt + answer
+    loss = [False] * len(prompt) + learnt
+    return TrainingSequence(tokens[:-1], tokens[1:], loss[1:])
+
+
+def answer_positions(sequences: Sequence[TrainingSequence]) -> int:
+    """The most loss-carrying positions in any one sequence (the gather width of a batch)."""
+    return max(sum(s.loss_mask) for s in sequences)

@@ -1,0 +1,206 @@
+"""One pass per chat for a Gemma tuned on `chat_format`: prefill once, then label, summary, reply.
+
+For a batch of chats (left-padded, one length group):
+1. the prompts are prefilled once into one attention cache; the label probabilities are
+   the three label tokens' probabilities at the prompt's end, renormalised;
+2. each row is fed its label token and the summary cue, then decodes its summary greedily;
+3. a row whose reply is wanted is fed the reply cue as soon as its summary ends and decodes
+   the reply on the same cache; other rows stop there.
+Every row advances one position per step, so a row's sequence has no gaps and is exactly
+what it was trained on. The vocabulary projection runs only where a token is read: the
+last prompt position and one position per decoding step.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import logging
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import jax
+import jax.numpy as jnp
+import keras
+import numpy as np
+
+from chatlens.contracts import MAX_REPLY_CHARS, MAX_SUMMARY_CHARS, ChatWindow
+from pipeline.model.chat_format import MAX_PROMPT_TOKENS, REPLY_TOKENS, SUMMARY_TOKENS, Vocabulary
+from pipeline.model.generation import BATCH_BUCKETS, LENGTH_BUCKETS, bucket, clean_completion, length_groups
+
+log = logging.getLogger(__name__)
+
+LENGTH_SPREAD = 128
+SUMMARY, REPLY_CUE, REPLY, DONE = 0, 1, 2, 3  # a row's phase while decoding
+
+
+@dataclass(frozen=True)
+class ChatOutput:
+    """What one pass produced for one chat."""
+
+    probabilities: tuple[float, float, float]  # P(negative), P(neutral), P(positive)
+    summary: str
+    reply: str | None
+    truncated: bool
+    summary_tokens: int
+    reply_tokens: int
+
+
+class OnePassDecoder:
+    """Label probabilities, summary and reply from one prefill per chat, batched."""
+
+    def __init__(self, causal_lm, *, max_prompt_tokens: int = MAX_PROMPT_TOKENS,
+                 summary_tokens: int = SUMMARY_TOKENS, reply_tokens: int = REPLY_TOKENS):
+        self.lm = causal_lm
+        self.backbone = causal_lm.backbone
+        tokenizer = causal_lm.preprocessor.tokenizer
+        self.tokenizer = tokenizer
+        self.vocabulary = Vocabulary.of(self._tokenize, tokenizer.start_token_id, tokenizer.end_token_id)
+        self.max_prompt_tokens = max_prompt_tokens
+        self.summary_tokens = summary_tokens
+        self.reply_tokens = reply_tokens
+        self.compiles: list[str] = []
+        self._lock = threading.Lock()
+        self._run = self._build()
+
+    def _tokenize(self, text: str) -> list[int]:
+        ids = self.tokenizer.tokenize(text)
+        return ids.tolist() if hasattr(ids, "tolist") else list(ids)
+
+    def _decode(self, ids: Sequence[int]) -> str:
+        if not ids:
+            return ""
+        text = self.tokenizer.detokenize([list(ids)])[0]
+        return text.decode("utf-8") if isinstance(text, bytes) else str(text)
+
+    def _state(self):
+        return ([v.value for v in self.lm.trainable_variables], [v.value for v in self.lm.non_trainable_variables])
+
+    def _scope(self, state):
+        trainable, frozen = state
+        return keras.StatelessScope(state_mapping=itertools.chain(
+            zip(self.lm.trainable_variables, trainable), zip(self.lm.non_trainable_variables, frozen)))
+
+    def _forward(self, token_ids, cache, index, key_mask):
+        """Hidden states of `token_ids` written at `index` of the cache: no vocabulary projection."""
+        backbone = self.backbone
+        x = backbone.token_embedding(token_ids)
+        x = x * jnp.sqrt(jnp.asarray(backbone.hidden_dim, x.dtype))
+        caches = []
+        for layer, layer_cache in zip(backbone.transformer_layers, cache):
+            x, layer_cache = layer(x, cache=layer_cache, cache_update_index=index, padding_mask=key_mask)
+            caches.append(layer_cache)
+        return backbone.layer_norm(x), tuple(caches)
+
+    def _logits(self, hidden):
+        return self.backbone.token_embedding(hidden, reverse=True).astype("float32")
+
+    def _build(self):
+        v = self.vocabulary
+        backbone = self.backbone
+        labels = jnp.array(v.labels, "int32")
+        cue = jnp.array(v.summary_cue, "int32")
+        reply_cue = jnp.array(v.reply_cue, "int32")
+        summary_stops = jnp.array([v.summary_end, v.eos], "int32")
+        reply_stops = jnp.array([v.eos, v.summary_end], "int32")
+        max_summary, max_reply = self.summary_tokens, self.reply_tokens
+
+        @functools.partial(jax.jit, static_argnames=("steps",))
+        def run(state, prompt_ids, key_mask, wants_reply, steps):
+            batch, length = prompt_ids.shape
+            total = length + 1 + cue.shape[0] + steps
+            shape = (batch, total, backbone.num_key_value_heads, backbone.head_dim)
+            dtype = self.lm.compute_dtype
+            cache = tuple((jnp.zeros(shape, dtype), jnp.zeros(shape, dtype)) for _ in range(backbone.num_layers))
+            mask = jnp.concatenate([key_mask, jnp.ones((batch, total - length), bool)], axis=1)
+            with self._scope(state):
+                hidden, cache = self._forward(prompt_ids, cache, 0, mask)
+                label_logits = self._logits(hidden[:, -1:, :])[:, 0, :][:, labels]
+                probabilities = jax.nn.softmax(label_logits, axis=-1)
+                chosen = labels[jnp.argmax(probabilities, axis=-1)]
+                head = jnp.concatenate([chosen[:, None], jnp.broadcast_to(cue, (batch, cue.shape[0]))], axis=1)
+                hidden, cache = self._forward(head, cache, length, mask)
+                logits = self._logits(hidden[:, -1:, :])[:, 0, :]
+
+            def step(carry):
+                i, cache, logits, phase, count, cue_at, tokens, phases = carry
+                greedy = jnp.argmax(logits, axis=-1).astype("int32")
+                token = jnp.select(
+                    [phase == REPLY_CUE, (phase == SUMMARY) & (count >= max_summary), (phase == REPLY) & (count >= max_reply)],
+                    [reply_cue[jnp.minimum(cue_at, reply_cue.shape[0] - 1)], v.summary_end, v.eos], greedy)
+                tokens = tokens.at[:, i].set(token)
+                phases = phases.at[:, i].set(phase)
+                after_summary = jnp.where(wants_reply & (token == v.summary_end), REPLY_CUE, DONE)
+                next_phase = jnp.select(
+                    [phase == SUMMARY, phase == REPLY_CUE, phase == REPLY],
+                    [jnp.where(jnp.isin(token, summary_stops), after_summary, SUMMARY),
+                     jnp.where(cue_at + 1 >= reply_cue.shape[0], REPLY, REPLY_CUE),
+                     jnp.where(jnp.isin(token, reply_stops), DONE, REPLY)], DONE)
+                count = jnp.where(next_phase != phase, 0, count + 1)
+                cue_at = jnp.where(phase == REPLY_CUE, cue_at + 1, 0)
+                with self._scope(state):
+                    hidden, cache = self._forward(token[:, None], cache, length + 1 + cue.shape[0] + i, mask)
+                    logits = self._logits(hidden)[:, 0, :]
+                return i + 1, cache, logits, next_phase, count, cue_at, tokens, phases
+
+            def running(carry):
+                i, *_, phase, _count, _cue_at, _tokens, _phases = carry
+                return (i < steps) & ~jnp.all(phase == DONE)
+
+            zeros = jnp.zeros((batch,), "int32")
+            carry = (0, cache, logits, zeros + SUMMARY, zeros, zeros, jnp.zeros((batch, steps), "int32"),
+                     jnp.full((batch, steps), DONE, "int32"))
+            _, _, _, _, _, _, tokens, phases = jax.lax.while_loop(running, step, carry)
+            return probabilities, tokens, phases
+
+        return run
+
+    def run(self, windows: Sequence[ChatWindow], wants_reply: Sequence[bool] | None = None) -> list[ChatOutput]:
+        """One pass per chat; `wants_reply[i]` says whether chat i gets a reply (default: none)."""
+        wants = list(wants_reply) if wants_reply is not None else [False] * len(windows)
+        prompts, cut = zip(*(self.vocabulary.prompt(w, self.max_prompt_tokens) for w in windows))
+        outputs: list[ChatOutput | None] = [None] * len(windows)
+        with self._lock:
+            for group in length_groups([len(p) for p in prompts], max_spread=LENGTH_SPREAD):
+                for i, out in zip(group, self._run_group([prompts[i] for i in group], [wants[i] for i in group])):
+                    outputs[i] = ChatOutput(truncated=cut[i], **out)
+        return outputs  # type: ignore[return-value]
+
+    def _run_group(self, prompts: list[list[int]], wants: list[bool]) -> list[dict]:
+        batch = bucket(len(prompts), BATCH_BUCKETS)
+        length = bucket(max(map(len, prompts)), LENGTH_BUCKETS)
+        filler = min(prompts, key=len)
+        token_ids = np.zeros((batch, length), "int32")
+        mask = np.zeros((batch, length), bool)
+        for i, row in enumerate(itertools.chain(prompts, itertools.repeat(filler, batch - len(prompts)))):
+            token_ids[i, length - len(row):] = row
+            mask[i, length - len(row):] = True
+        wanted = np.array(wants + [False] * (batch - len(prompts)))
+        steps = self.summary_tokens + 1 + (len(self.vocabulary.reply_cue) + self.reply_tokens if any(wants) else 0)
+        key = f"one-pass batch={batch} length={length} steps={steps}"
+        if key not in self.compiles:
+            self.compiles.append(key)
+            log.info("XLA compile #%d: %s", len(self.compiles), key)
+        probabilities, tokens, phases = self._run(self._state(), token_ids, mask, wanted, steps=steps)
+        probabilities, tokens, phases = map(np.asarray, (probabilities, tokens, phases))
+        results = []
+        for row in range(len(prompts)):
+            summary = [t for t, p in zip(tokens[row], phases[row]) if p == SUMMARY]
+            reply = [t for t, p in zip(tokens[row], phases[row]) if p == REPLY]
+            results.append({
+                "probabilities": tuple(float(x) for x in probabilities[row]),
+                "summary": self._finish(summary, "summary"),
+                "reply": self._finish(reply, "reply") if wants[row] else None,
+                "summary_tokens": len(self._content(summary)),
+                "reply_tokens": len(self._content(reply)),
+            })
+        return results
+
+    def _content(self, tokens: Sequence[int]) -> list[int]:
+        return [t for t in tokens if t not in (self.vocabulary.summary_end, self.vocabulary.eos)]
+
+    def _finish(self, tokens: Sequence[int], kind: str) -> str:
+        """Generated tokens as staff see them: stops dropped, one clean paragraph within the limit."""
+        limit = MAX_SUMMARY_CHARS if kind == "summary" else MAX_REPLY_CHARS
+        return clean_completion(self._decode(self._content(tokens)), limit)

@@ -1,0 +1,174 @@
+"""LoRA tuning of a keras-hub Gemma on the corpus, with a jitted JAX step.
+
+keras-hub's `fit` goes through the causal-LM preprocessor, whose tf.data tracing fails with
+the tokenizer rebuilt from GGUF; so sequences are tokenized in Python (`chat_format`) and
+batches are plain arrays. Two things keep a step cheap on a CPU:
+- the vocabulary projection (the tied 262,144-token embedding, most of the model's compute)
+  runs only at the positions that carry loss, gathered before projecting;
+- batches hold sequences of one length bucket, so padding is small and XLA compiles one
+  program per (batch, length, answer width) shape.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import random
+from collections.abc import Iterator, Sequence
+from typing import NamedTuple
+
+os.environ.setdefault("KERAS_BACKEND", "jax")
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+
+from pipeline.model.chat_format import TrainingSequence  # noqa: E402
+from pipeline.model.generation import LENGTH_BUCKETS, bucket  # noqa: E402
+
+log = logging.getLogger(__name__)
+
+ANSWER_BUCKETS = (32, 64, 128, 256, 384)
+# Training shapes: few length buckets and one answer width, so a whole tune compiles about
+# three XLA programs (an answer, label + summary + reply, is at most about 300 tokens).
+TRAIN_BUCKETS = (384, 768, 1536)
+ANSWER_WIDTH = 320
+MAX_BATCH = 32
+
+
+class Batch(NamedTuple):
+    """Right-padded inputs plus the loss-carrying positions gathered to a fixed width."""
+
+    token_ids: np.ndarray  # (B, L) int32
+    padding_mask: np.ndarray  # (B, L) bool
+    positions: np.ndarray  # (B, P) int32: where loss is taken
+    targets: np.ndarray  # (B, P) int32: the token expected there
+    weights: np.ndarray  # (B, P) float32: 1 for real targets, 0 for padding
+
+
+def pack(sequences: Sequence[TrainingSequence], buckets: Sequence[int] = LENGTH_BUCKETS,
+         width: int | None = None, rows: int | None = None) -> Batch:
+    """Right-padded arrays; `width` and `rows` fix the answer width and batch size (fewer XLA programs)."""
+    length = bucket(max(map(len, sequences)), buckets)
+    width = width or bucket(max(sum(s.loss_mask) for s in sequences), ANSWER_BUCKETS)
+    batch = rows or len(sequences)
+    token_ids = np.zeros((batch, length), "int32")
+    mask = np.zeros((batch, length), bool)
+    positions = np.zeros((batch, width), "int32")
+    targets = np.zeros((batch, width), "int32")
+    weights = np.zeros((batch, width), "float32")
+    for i, s in enumerate(sequences):
+        token_ids[i, : len(s)] = s.token_ids
+        mask[i, : len(s)] = True
+        where = [j for j, learnt in enumerate(s.loss_mask) if learnt]
+        positions[i, : len(where)] = where
+        targets[i, : len(where)] = [s.targets[j] for j in where]
+        weights[i, : len(where)] = 1.0
+    return Batch(token_ids, mask, positions, targets, weights)
+
+
+def length_batches(sequences: Sequence[TrainingSequence], batch_tokens: int, seed: int, max_batch: int = 16,
+                   buckets: Sequence[int] = LENGTH_BUCKETS) -> list[list[int]]:
+    """Indices grouped by length bucket, at most `batch_tokens` padded tokens a batch, in shuffled order."""
+    rng = random.Random(seed)
+    by_bucket: dict[int, list[int]] = {}
+    for i, s in enumerate(sequences):
+        by_bucket.setdefault(bucket(len(s), buckets), []).append(i)
+    batches = []
+    for length, members in sorted(by_bucket.items()):
+        rng.shuffle(members)
+        size = max(1, min(max_batch, batch_tokens // length))
+        batches += [members[k : k + size] for k in range(0, len(members), size)]
+    rng.shuffle(batches)
+    return batches
+
+
+class LoraTrainer:
+    """A Gemma backbone with LoRA enabled, an AdamW optimizer and jitted train and loss steps.
+
+    It needs the backbone alone (no tokenizer): sequences arrive as token ids.
+    """
+
+    def __init__(self, backbone, rank: int, learning_rate: float, total_steps: int, seed: int,
+                 warmup_steps: int | None = None):
+        keras.utils.set_random_seed(seed)
+        self.backbone = backbone
+        backbone.enable_lora(rank)
+        warmup = warmup_steps if warmup_steps is not None else max(1, total_steps // 20)
+        schedule = keras.optimizers.schedules.CosineDecay(
+            0.0, decay_steps=max(1, total_steps - warmup), warmup_target=learning_rate, warmup_steps=warmup)
+        self.optimizer = keras.optimizers.AdamW(learning_rate=schedule, weight_decay=0.01, clipnorm=1.0)
+        self.optimizer.build(self.backbone.trainable_variables)
+        self.trainable = [v.value for v in self.backbone.trainable_variables]
+        self.frozen = [v.value for v in self.backbone.non_trainable_variables]
+        self.optimizer_state = [v.value for v in self.optimizer.variables]
+        self._step = jax.jit(self._train_step)
+        self._loss = jax.jit(self._batch_loss)
+
+    # ---- the model as a pure function -----------------------------------------------------------
+    def _nll(self, trainable, frozen, batch: Batch):
+        mapping = itertools.chain(zip(self.backbone.trainable_variables, trainable), zip(self.backbone.non_trainable_variables, frozen))
+        with keras.StatelessScope(state_mapping=mapping):
+            hidden = self.backbone({"token_ids": batch.token_ids, "padding_mask": batch.padding_mask})
+            gathered = jnp.take_along_axis(hidden, batch.positions[:, :, None], axis=1)
+            logits = self.backbone.token_embedding(gathered, reverse=True)
+        logits = logits.astype("float32")
+        # log p(target) = logit(target) - logsumexp(logits): no (batch, width, vocab) log-probabilities kept.
+        picked = jnp.take_along_axis(logits, batch.targets[:, :, None], axis=-1)[:, :, 0]
+        nll = jax.nn.logsumexp(logits, axis=-1) - picked
+        return (nll * batch.weights).sum(), batch.weights.sum()
+
+    def _batch_loss(self, trainable, frozen, batch: Batch):
+        total, count = self._nll(trainable, frozen, batch)
+        return total / jnp.maximum(count, 1.0)
+
+    def _train_step(self, trainable, frozen, optimizer_state, batch: Batch):
+        loss, grads = jax.value_and_grad(self._batch_loss)(trainable, frozen, batch)
+        trainable, optimizer_state = self.optimizer.stateless_apply(optimizer_state, grads, trainable)
+        return loss, trainable, optimizer_state
+
+    # ---- what the command calls -----------------------------------------------------------------
+    def step(self, batch: Batch) -> float:
+        loss, self.trainable, self.optimizer_state = self._step(self.trainable, self.frozen, self.optimizer_state,
+                                                                _arrays(batch))
+        return float(loss)
+
+    def loss(self, batches: Iterator[Batch]) -> float:
+        """Mean loss per answer token over `batches` (no update)."""
+        total, count = 0.0, 0.0
+        for batch in batches:
+            mean = float(self._loss(self.trainable, self.frozen, _arrays(batch)))
+            n = float(batch.weights.sum())
+            total, count = total + mean * n, count + n
+        return total / count if count else float("nan")
+
+    def sync(self) -> None:
+        """Write the trained values back into the Keras variables (before saving or decoding)."""
+        for variable, value in zip(self.backbone.trainable_variables, self.trainable):
+            variable.assign(value)
+
+    def state(self) -> dict[str, np.ndarray]:
+        arrays = {f"lora/{i}": np.asarray(v) for i, v in enumerate(self.trainable)}
+        arrays.update({f"optimizer/{i}": np.asarray(v) for i, v in enumerate(self.optimizer_state)})
+        return arrays
+
+    def restore(self, arrays: dict[str, np.ndarray]) -> None:
+        self.trainable = [jnp.asarray(arrays[f"lora/{i}"]) for i in range(len(self.trainable))]
+        self.optimizer_state = [jnp.asarray(arrays[f"optimizer/{i}"]) for i in range(len(self.optimizer_state))]
+        self.sync()
+
+
+def _arrays(batch: Batch) -> Batch:
+    return Batch(*(jnp.asarray(x) for x in batch))
+
+
+def epoch_batches(sequences: Sequence[TrainingSequence], batch_tokens: int, seed: int
+                  ) -> Iterator[tuple[list[int], Batch]]:
+    """One epoch of (indices, batch) in the order `seed` gives: the one batching tune and sweep share."""
+    for indices in length_batches(sequences, batch_tokens, seed, MAX_BATCH, TRAIN_BUCKETS):
+        length = bucket(len(sequences[indices[0]]), TRAIN_BUCKETS)
+        rows = max(1, min(MAX_BATCH, batch_tokens // length))
+        yield indices, pack([sequences[i] for i in indices], TRAIN_BUCKETS, ANSWER_WIDTH, rows)
+

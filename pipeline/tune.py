@@ -1,0 +1,199 @@
+"""Tune the embedded Gemma on the corpus (LoRA): writes an adapter and its manifest.
+
+Trains on `data/train.jsonl` (plus, with `--from-dashboard`, what staff taught the
+dashboard: corrected labels and approved or edited replies), one sequence per chat in the
+one-pass format of `pipeline/model/chat_format.py`, with loss on the answers only. Each
+epoch ends with the loss on `data/dev.jsonl`; the run ends with the dev figures of the
+tuned model (`chatlens eval`'s metrics). An existing adapter at `--out` is replaced only if
+no dev figure falls (`--force` replaces it anyway); the run says which figure fell.
+A checkpoint is written every `--checkpoint-every` steps; `--resume` continues from it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import itertools
+import json
+import logging
+import os
+import platform
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+from pipeline.corpus import DATA_DIR, Example, load_split, split_path
+
+log = logging.getLogger(__name__)
+
+ADAPTERS_DIR = Path(__file__).resolve().parent / "model" / "adapters"
+DEFAULT_ADAPTER = ADAPTERS_DIR / "chatlens-gemma3-270m.lora.h5"
+# Dev figures compared before an adapter is replaced; True where higher is better.
+GUARDED = {("sentiment", "macro_f1"): True, ("sentiment", "ece"): False, ("summary", "rouge_l"): True,
+           ("summary", "grounded"): True, ("reply", "rouge_l"): True, ("reply", "grounded"): True,
+           ("reply", "in_language"): True}
+
+
+def manifest_path(adapter: Path) -> Path:
+    return adapter.with_name(adapter.name.removesuffix(".lora.h5") + ".manifest.json")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default="gemma3-270m-base",
+                        help="base model spec to tune (default: %(default)s, the embedded Gemma 3 270M)")
+    parser.add_argument("--model-cache", type=Path, help="model cache directory (default: CHATLENS_CACHE)")
+    parser.add_argument("--data-dir", type=Path, default=DATA_DIR, help="corpus directory (default: data/)")
+    parser.add_argument("--from-dashboard", metavar="DATABASE_URL",
+                        help="also learn from staff corrections and approved or edited replies in this dashboard")
+    parser.add_argument("--out", type=Path, default=DEFAULT_ADAPTER,
+                        help="adapter file to write, ending in .lora.h5 (default: the shipped adapter)")
+    parser.add_argument("--rank", type=int, default=16, help="LoRA rank (default: %(default)s)")
+    parser.add_argument("--learning-rate", type=float, default=5e-4, help="peak learning rate (default: %(default)s)")
+    parser.add_argument("--epochs", type=int, default=2, help="passes over the training data (default: %(default)s)")
+    parser.add_argument("--batch-tokens", type=int, default=8192,
+                        help="padded tokens per batch; batches hold chats of similar length (default: %(default)s)")
+    parser.add_argument("--seed", type=int, default=1234, help="seed for LoRA init and batch order (default: %(default)s)")
+    parser.add_argument("--limit", type=int, help="train on the first N chats only (a quick try)")
+    parser.add_argument("--dev-limit", type=int, help="dev figures on the first N dev chats (default: all)")
+    parser.add_argument("--checkpoint-dir", type=Path, default=Path(".chatlens-tune"),
+                        help="where checkpoints go (default: %(default)s)")
+    parser.add_argument("--checkpoint-every", type=int, default=25, help="steps between checkpoints (default: %(default)s)")
+    parser.add_argument("--resume", action="store_true", help="continue from the checkpoint in --checkpoint-dir")
+    parser.add_argument("--force", action="store_true", help="replace the adapter even if a dev figure falls")
+
+
+def training_examples(args: argparse.Namespace) -> tuple[list[Example], str]:
+    """The training chats and the sha256 of everything they came from."""
+    digest = hashlib.sha256(split_path("train", args.data_dir).read_bytes())
+    examples = load_split("train", args.data_dir)
+    if args.from_dashboard:
+        from app.feedback import export_examples
+
+        taught = export_examples(args.from_dashboard)
+        usable = [e for e in taught if e.label is not None or e.reply]
+        log.info("adding %d examples from the dashboard", len(usable))
+        for example in usable:
+            digest.update(example.to_json().encode())
+        examples += usable
+    return examples[: args.limit] if args.limit else examples, digest.hexdigest()
+
+
+def fell(old: dict, new: dict) -> list[str]:
+    """The guarded dev figures that are worse in `new` than in `old`."""
+    worse = []
+    for (kind, name), higher_is_better in GUARDED.items():
+        before, after = old.get(kind, {}).get(name), new.get(kind, {}).get(name)
+        if before is None or after is None:
+            continue
+        if (after < before) if higher_is_better else (after > before):
+            worse.append(f"{kind} {name} {before} -> {after}")
+    return worse
+
+
+def run(args: argparse.Namespace) -> int:
+    import numpy as np
+    from tqdm import tqdm
+
+    from chatlens.config import get_settings
+    from pipeline.model.chat_format import training_sequence
+    from pipeline.model.handler import DEFAULT_ENV
+    from pipeline.model.sources import load_causal_lm
+    from pipeline.model.tuning import LoraTrainer, epoch_batches
+
+    for name, value in DEFAULT_ENV.items():
+        os.environ.setdefault(name, value)
+    if not args.out.name.endswith(".lora.h5"):
+        raise SystemExit("--out must end in .lora.h5 (keras-hub's adapter format)")
+    started = time.perf_counter()
+    cache = args.model_cache or get_settings().cache
+    lm, source = load_causal_lm(args.model, cache_dir=cache)
+    from pipeline.model.one_pass import OnePassDecoder
+
+    decoder = OnePassDecoder(lm)
+    vocabulary = decoder.vocabulary
+    train, data_sha = training_examples(args)
+    dev = load_split("dev", args.data_dir)
+    encode = lambda e: training_sequence(vocabulary, e.window, e.label, e.summary, e.reply, e.gold)  # noqa: E731
+    train_seqs = [encode(e) for e in train]
+    dev_seqs = [encode(e) for e in dev]
+    steps_per_epoch = sum(1 for _ in epoch_batches(train_seqs, args.batch_tokens, args.seed))
+    total = steps_per_epoch * args.epochs
+    trainer = LoraTrainer(lm.backbone, args.rank, args.learning_rate, total, args.seed)
+    args.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+    checkpoint = args.checkpoint_dir / "checkpoint.npz"
+    progress = {"step": 0, "history": []}
+    if args.resume and checkpoint.exists():
+        arrays = dict(np.load(checkpoint))
+        progress = json.loads(str(arrays.pop("progress")))
+        trainer.restore(arrays)
+        print(f"resumed at step {progress['step']} of {total}", file=sys.stderr)
+
+    def save_checkpoint() -> None:
+        partial = checkpoint.with_suffix(".tmp.npz")
+        np.savez(partial, progress=json.dumps(progress), **trainer.state())
+        partial.replace(checkpoint)
+
+    with tqdm(total=total, initial=progress["step"], desc="tune", unit="step", file=sys.stderr) as bar:
+        for epoch in range(progress["step"] // steps_per_epoch, args.epochs):
+            batches = epoch_batches(train_seqs, args.batch_tokens, args.seed + epoch)
+            done_in_epoch = progress["step"] - epoch * steps_per_epoch
+            losses, tokens, clock = [], 0, time.perf_counter()
+            for _, batch in itertools.islice(batches, done_in_epoch, None):
+                losses.append(trainer.step(batch))
+                tokens += int(batch.padding_mask.sum())
+                progress["step"] += 1
+                bar.set_postfix(epoch=epoch + 1, loss=f"{np.mean(losses[-20:]):.3f}",
+                                tok_s=f"{tokens / (time.perf_counter() - clock):.0f}")
+                bar.update()
+                if progress["step"] % args.checkpoint_every == 0:
+                    save_checkpoint()
+            dev_loss = trainer.loss(batch for _, batch in epoch_batches(dev_seqs, args.batch_tokens, 0))
+            progress["history"].append({"epoch": epoch + 1, "train_loss": round(float(np.mean(losses)), 4) if losses else None,
+                                        "dev_loss": round(dev_loss, 4)})
+            print(f"epoch {epoch + 1}: train loss {progress['history'][-1]['train_loss']}, dev loss {dev_loss:.4f}",
+                  file=sys.stderr)
+            save_checkpoint()
+    trainer.sync()
+    from pipeline.evaluate import decoder_predictions, score_system
+
+    dev_scored = dev[: args.dev_limit] if args.dev_limit else dev
+    with tqdm(total=len(dev_scored), desc="dev figures", unit="chat", file=sys.stderr) as bar:
+        predictions = decoder_predictions(decoder, dev_scored, 8, bar.update)
+    figures, _ = score_system(dev_scored, predictions)
+    manifest = {
+        "adapter": args.out.name,
+        "base_model": source.model_id,
+        "base_spec": args.model,
+        "training_data": {"files": ["data/train.jsonl"] + (["dashboard"] if args.from_dashboard else []),
+                          "sha256": data_sha, "chats": len(train)},
+        "hyperparameters": {"rank": args.rank, "learning_rate": args.learning_rate, "epochs": args.epochs,
+                            "batch_tokens": args.batch_tokens, "optimizer": "AdamW, cosine decay, 5% warm-up",
+                            "max_prompt_tokens": decoder.max_prompt_tokens},
+        "seed": args.seed,
+        "history": progress["history"],
+        "dev": {"chats": len(dev_scored), **figures},
+        "wall_seconds": round(time.perf_counter() - started, 1),
+        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
+                    "devices": sorted({d.device_kind for d in __import__("jax").devices()})},
+        "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    }
+    return publish(lm.backbone, manifest, args.out, args.force)
+
+
+def publish(backbone, manifest: dict, out: Path, force: bool) -> int:
+    """Write the adapter and manifest, unless a dev figure fell against the current ones."""
+    current = manifest_path(out)
+    if current.exists() and not force:
+        worse = fell(json.loads(current.read_text())["dev"], manifest["dev"])
+        if worse:
+            print("not replacing the current adapter: dev figures fell: " + "; ".join(worse), file=sys.stderr)
+            return 3
+    out.parent.mkdir(parents=True, exist_ok=True)
+    partial = out.with_name("partial-" + out.name)
+    backbone.save_lora_weights(str(partial))
+    manifest["adapter_sha256"] = hashlib.sha256(partial.read_bytes()).hexdigest()
+    partial.replace(out)
+    current.write_text(json.dumps(manifest, indent=2) + "\n")
+    print(f"wrote {out} and {current.name}: dev {json.dumps(manifest['dev'])}", file=sys.stderr)
+    return 0
