@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import Depends, Request
+from fastapi import Depends, Query, Request
 from starlette.concurrency import run_in_threadpool
 
 from app import security
@@ -81,3 +81,8 @@ DB = Annotated[Database, Depends(get_db)]
 User = Annotated[Principal, Depends(current_user)]
 OptionalUser = Annotated[Principal | None, Depends(optional_user)]
 Supervisor = Annotated[Principal, Depends(supervisor)]
+
+# Row ids and offsets fit a 32-bit SQL INTEGER: a bigger value is a 422, not an overflow (500).
+MAX_SQL_INT = 2**31 - 1
+BeforeId = Annotated[int | None, Query(ge=1, le=MAX_SQL_INT)]
+Offset = Annotated[int, Query(ge=0, le=MAX_SQL_INT)]

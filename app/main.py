@@ -18,6 +18,7 @@ from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 
+from app.body_limit import BodyLimit
 from app.context import AppContext
 from app.crud import chats, secrets
 from app.crud.ingest import ingest_dead_letter, ingest_insight
@@ -139,7 +140,14 @@ def install_error_handlers(app: FastAPI) -> None:
 def install_security_headers(app: FastAPI) -> None:
     @app.middleware("http")
     async def headers(request: Request, call_next) -> Response:
-        response = await call_next(request)
+        try:
+            response = await call_next(request)
+        except Exception:  # an unexpected error still answers with the headers, and no details
+            log.exception("unhandled error on %s %s", request.method, request.url.path)
+            response = JSONResponse({"detail": "internal error"}, status_code=500)
+        if request.url.path.startswith("/api/") or response.media_type == "application/json":
+            # JSON carries the CSRF token and transcripts: never kept by a browser or proxy cache.
+            response.headers.setdefault("Cache-Control", "no-store")
         docs = request.url.path == "/docs"
         response.headers.setdefault("Content-Security-Policy", DOCS_CSP if docs else CSP)
         response.headers.setdefault("X-Content-Type-Options", "nosniff")
@@ -160,7 +168,8 @@ def create_app(settings: DashboardSettings | None = None) -> FastAPI:
     )
     app.state.ctx = AppContext(settings=settings, db=Database(settings.database_url, settings.search_backend))
     install_error_handlers(app)
-    install_security_headers(app)
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    install_security_headers(app)  # after BodyLimit, so outside it: a 413 gets the headers too
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
     for module in (auth, pages, api, live, ops):
         app.include_router(module.router)

@@ -75,6 +75,7 @@ class DashboardSettings(BaseSettings):
     event_poll_seconds: float = Field(
         1.0, gt=0, description="How often the live-update hub looks for events of other processes."
     )
+    max_body_bytes: int = Field(1_048_576, ge=1024, description="Largest request body accepted (bigger: 413).")
     page_size: int = Field(200, ge=10, le=1000, description="Chats shown in the queue at once.")
 
     def insights_subscription_path(self) -> str:

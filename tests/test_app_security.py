@@ -241,3 +241,38 @@ def test_a_generated_session_secret_is_stored_and_shared_by_processes(tmp_path):
         secret = session.scalar(select(AppSecret.value).where(AppSecret.name == "session_secret"))
     db.dispose()
     assert secret and len(secret) >= 48
+
+
+@pytest.mark.parametrize("path", ["/api/chats?offset=9223372036854775808", "/api/audit?before_id=9223372036854775808",
+                                  "/api/errors?before_id=9223372036854775808", "/audit?before_id=9223372036854775808",
+                                  "/errors?before_id=9223372036854775808", "/api/chats?offset=2147483648"])
+def test_huge_offsets_and_ids_are_refused_not_overflowed(client_for, path):
+    assert client_for("sam").get(path).status_code == 422
+
+
+def test_an_unexpected_error_answers_500_with_the_security_headers_and_no_details(client_for, staffed):
+    sam = client_for("sam")
+    with Database(staffed[0]).engine.begin() as connection:  # a broken database: a real server-side failure
+        connection.exec_driver_sql("DROP TABLE audit_log")
+    response = sam.get("/api/audit")
+    assert response.status_code == 500
+    assert response.json() == {"detail": "internal error"}
+    assert response.headers["x-frame-options"] == "DENY" and "content-security-policy" in response.headers
+
+
+def test_request_bodies_over_the_limit_get_413_before_they_are_read(anon):
+    big = b'{"username": "alice", "password": "' + b"x" * 2_000_000 + b'"}'
+    declared = anon.post("/api/session", content=big, headers={"Content-Type": "application/json"})
+    assert declared.status_code == 413 and declared.headers["x-content-type-options"] == "nosniff"
+    chunked = anon.post("/api/session", content=(big[i:i + 65536] for i in range(0, len(big), 65536)),
+                        headers={"Content-Type": "application/json"})
+    assert chunked.status_code == 413
+    assert anon.post("/api/session", json={"username": "alice", "password": PASSWORD}).status_code == 200
+
+
+def test_json_answers_are_never_cached(anon, client_for):
+    login = anon.post("/api/session", json={"username": "alice", "password": PASSWORD})
+    assert login.headers["cache-control"] == "no-store"
+    alice = client_for("alice")
+    assert alice.get("/api/chats/evil").headers["cache-control"] == "no-store"
+    assert alice.get("/api/chats").headers["cache-control"] == "no-store"

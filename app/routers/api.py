@@ -15,7 +15,7 @@ from app.crud import audit, chats, review
 from app.crud import errors as error_rows
 from app.crud.chats import QueueFilter
 from app.crud.sessions import Principal
-from app.deps import DB, Ctx, Supervisor, User, current_user
+from app.deps import DB, BeforeId, Ctx, Offset, Supervisor, User, current_user
 from app.errors import NotFound
 from app.schemas import (
     ApproveIn,
@@ -63,7 +63,7 @@ def list_chats(
     tenant: Annotated[str | None, Query(max_length=128)] = None,
     q: Annotated[str | None, Query(max_length=200, description="full-text search")] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: Offset = 0,
 ) -> QueueOut:
     """The queue, most urgent first (negative, then longest waiting)."""
     f = QueueFilter(status=status, sentiment=sentiment, assignee=resolve_assignee(assignee, user),
@@ -141,7 +141,7 @@ def audit_log(
     actor: Annotated[str | None, Query(max_length=64)] = None,
     action: Annotated[str | None, Query(max_length=32)] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 200,
-    before_id: Annotated[int | None, Query(ge=1)] = None,
+    before_id: BeforeId = None,
 ) -> list[AuditOut]:
     with ctx.db.read() as session:
         rows = audit.list_entries(session, chat_id, actor, action, limit, before_id)
@@ -154,7 +154,7 @@ def errors(
     ctx: Ctx, _supervisor: Supervisor,
     kind: Annotated[str | None, Query(pattern="^(dead_letter|invalid_insight|invalid_dead_letter)$")] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 200,
-    before_id: Annotated[int | None, Query(ge=1)] = None,
+    before_id: BeforeId = None,
 ) -> list[ErrorOut]:
     with ctx.db.read() as session:
         return [ErrorOut.of(row) for row in error_rows.list_errors(session, kind, limit, before_id)]

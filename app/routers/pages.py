@@ -18,7 +18,7 @@ from app.crud import audit, chats, review, users
 from app.crud import errors as error_rows
 from app.crud.chats import SENTIMENTS, STATUS_FILTERS, UNASSIGNED, QueueFilter
 from app.crud.sessions import Principal
-from app.deps import Ctx, Supervisor, User
+from app.deps import BeforeId, Ctx, Supervisor, User
 from app.errors import Conflict, Invalid, NotFound
 from app.schemas import AuditOut, ChatDetail, ChatSummary, ErrorOut
 from app.web import is_htmx, render
@@ -184,7 +184,7 @@ def copied(ctx: Ctx, user: User, chat_id: str) -> Response:
 
 @router.get("/audit")
 def audit_page(request: Request, ctx: Ctx, user: Supervisor, chat_id: str | None = None,
-               actor: str | None = None, action: str | None = None, before_id: int | None = None) -> Response:
+               actor: str | None = None, action: str | None = None, before_id: BeforeId = None) -> Response:
     with ctx.db.read() as session:
         rows = [AuditOut.of(e) for e in audit.list_entries(
             session, chat_id or None, actor or None, action or None, 100, before_id)]
@@ -195,7 +195,7 @@ def audit_page(request: Request, ctx: Ctx, user: Supervisor, chat_id: str | None
 
 @router.get("/errors")
 def errors_page(request: Request, ctx: Ctx, user: Supervisor, kind: str | None = None,
-                before_id: int | None = None) -> Response:
+                before_id: BeforeId = None) -> Response:
     with ctx.db.read() as session:
         rows = [ErrorOut.of(e) for e in error_rows.list_errors(session, kind or None, 100, before_id)]
         counts = error_rows.counts(session)
