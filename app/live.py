@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -91,8 +91,13 @@ class EventHub:
 
     # -- streams ----------------------------------------------------------------------------
 
-    async def stream(self, after: int | None) -> AsyncIterator[LiveEvent]:
-        """Events for one browser: what it missed since `after`, then everything new."""
+    async def stream(self, after: int | None, still_allowed: Callable[[], Awaitable[bool]] | None = None,
+                     check_seconds: float = 3.0) -> AsyncIterator[LiveEvent]:
+        """Events for one browser: what it missed since `after`, then everything new.
+
+        `still_allowed` is asked at least every `check_seconds`, events or not: the stream ends
+        when it says no (the session was logged out, expired or its user disabled).
+        """
         queue: asyncio.Queue[LiveEvent | None] = asyncio.Queue()
         self._listeners.add(queue)
         try:
@@ -111,10 +116,20 @@ class EventHub:
                         yield event
                         sent = max(sent, event.id or 0)
             yield LiveEvent("status", self._status())
+            checked = time.monotonic()
             while True:
-                event = await queue.get()
+                try:
+                    event = await asyncio.wait_for(queue.get(), timeout=check_seconds)
+                except TimeoutError:
+                    event = LiveEvent("tick", {})
+                if still_allowed is not None and time.monotonic() - checked >= check_seconds:
+                    checked = time.monotonic()
+                    if not await still_allowed():
+                        return
                 if event is None:
                     return
+                if event.kind == "tick":
+                    continue
                 if event.id is not None and event.id <= sent:
                     continue
                 yield event

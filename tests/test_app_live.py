@@ -12,7 +12,11 @@ from app_fixtures import (
     store,
 )
 
+from app.crud import users
+from app.crud.ingest import ingest_dead_letter
+from app.db import Database
 from app.main import create_app
+from chatlens.contracts import DeadLetter
 
 
 _LINES: dict[int, object] = {}
@@ -37,14 +41,25 @@ def read_events(response: httpx.Response, count: int) -> list[dict]:
 
 
 @pytest.fixture
-def server(tmp_path):
+def staffed_server(tmp_path):
+    """(database url, a function giving a signed-in httpx client per username)."""
     url, tokens = staffed_database("sqlite", tmp_path)
     app = create_app(dashboard_settings(url))
+    clients = []
     with running_server(app) as base:
-        client = httpx.Client(base_url=base, cookies={"chatlens_session": tokens["alice"][0]},
-                              timeout=httpx.Timeout(10.0))
-        yield url, client
-        client.close()
+        def client_for(username: str) -> httpx.Client:
+            clients.append(httpx.Client(base_url=base, cookies={"chatlens_session": tokens[username][0]},
+                                        headers={"X-CSRF-Token": tokens[username][1]}, timeout=httpx.Timeout(10.0)))
+            return clients[-1]
+        yield url, client_for
+        for client in clients:
+            client.close()
+
+
+@pytest.fixture
+def server(staffed_server):
+    url, client_for = staffed_server
+    return url, client_for("alice")
 
 
 def test_events_carry_ids_and_resume_from_last_event_id(server):
@@ -94,3 +109,40 @@ def test_review_actions_are_announced_to_other_browsers(server):
     assert event["event"] == "chat"
     data = event["data"].replace(" ", "")
     assert '"action":"approve"' in data and '"actor":"alice"' in data and '"status":"approved"' in data
+
+
+def assert_stream_ends(response: httpx.Response) -> None:
+    """The server closes the stream: no keep-alive keeps it open past the read timeout."""
+    for _ in _LINES.setdefault(id(response), response.iter_lines()):
+        pass
+
+
+def test_a_live_stream_ends_soon_after_logout(staffed_server):
+    _url, client_for = staffed_server
+    alice = client_for("alice")
+    with alice.stream("GET", "/api/events", timeout=httpx.Timeout(10.0, read=8.0)) as response:
+        read_events(response, 2)  # hello, status
+        assert alice.delete("/api/session").status_code == 204
+        assert_stream_ends(response)
+
+
+def test_a_live_stream_ends_soon_after_its_user_is_disabled(staffed_server):
+    url, client_for = staffed_server
+    alice = client_for("alice")
+    with alice.stream("GET", "/api/events", timeout=httpx.Timeout(10.0, read=8.0)) as response:
+        read_events(response, 2)
+        users.set_disabled(Database(url), "alice")
+        assert_stream_ends(response)
+
+
+def test_dead_letter_events_go_to_supervisors_only(staffed_server):
+    url, client_for = staffed_server
+    letter = DeadLetter.from_exception(b"not json", "parse", ValueError("bad input"))
+    with client_for("alice").stream("GET", "/api/events") as agent, \
+            client_for("sam").stream("GET", "/api/events") as supervisor:
+        read_events(agent, 2)
+        read_events(supervisor, 2)
+        ingest_dead_letter(Database(url), letter.model_dump_json().encode(), message_id="m-dl")
+        store(url, make_insight("c-after"))
+        assert [e["event"] for e in read_events(supervisor, 2)] == ["errorlog", "chat"]
+        assert [e["event"] for e in read_events(agent, 1)] == ["chat"]
