@@ -14,19 +14,19 @@ WRONG_LOGIN = "Wrong username or password."
 
 
 def client_ip(request: Request) -> str | None:
+    """The client's address; behind a trusted proxy (`trusted_proxies`) uvicorn's
+    ProxyHeadersMiddleware has already taken it from X-Forwarded-For."""
     return request.client.host if request.client else None
 
 
 def login(ctx: AppContext, username: str, password: str, ip: str | None) -> tuple[str, Principal]:
     """Return (session token, principal), or raise RateLimited / Invalid (wrong credentials)."""
     s = ctx.settings
-    throttle.check(ctx.db, username, ip)
+    throttle.claim(ctx.db, username, ip, s.login_max_failures, s.login_lockout_seconds, s.login_window_seconds)
     user = users.authenticate(ctx.db, username, password)
     if user is None:
-        throttle.record_failure(ctx.db, username, ip, s.login_max_failures, s.login_lockout_seconds,
-                                s.login_window_seconds)
-        raise Invalid(WRONG_LOGIN)
-    throttle.reset(ctx.db, username, ip)
+        raise Invalid(WRONG_LOGIN)  # the claim already counted it
+    throttle.succeeded(ctx.db, username, ip)
     return sessions.create(ctx.db, ctx.secret, user, s.session_hours, ip)
 
 

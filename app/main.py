@@ -17,6 +17,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
+from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
 from app.body_limit import BodyLimit
 from app.context import AppContext
@@ -170,6 +171,8 @@ def create_app(settings: DashboardSettings | None = None) -> FastAPI:
     install_error_handlers(app)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
     install_security_headers(app)  # after BodyLimit, so outside it: a 413 gets the headers too
+    if settings.trusted_proxies:  # outermost: every layer sees the real client address
+        app.add_middleware(ProxyHeadersMiddleware, trusted_hosts=settings.trusted_proxies)
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
     for module in (auth, pages, api, live, ops):
         app.include_router(module.router)

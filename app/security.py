@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
+import threading
 
 from argon2 import PasswordHasher
 from argon2.exceptions import InvalidHashError, VerificationError
@@ -19,6 +20,9 @@ _hasher = PasswordHasher()
 _DUMMY_HASH = _hasher.hash("chatlens-dummy-password")
 
 MIN_PASSWORD_CHARS = 8
+# Each argon2 verification takes 64 MiB: a burst of logins waits here instead of exhausting memory.
+MAX_CONCURRENT_VERIFICATIONS = 4
+_verifications = threading.BoundedSemaphore(MAX_CONCURRENT_VERIFICATIONS)
 
 
 def hash_password(password: str) -> str:
@@ -29,7 +33,8 @@ def hash_password(password: str) -> str:
 
 def verify_password(password_hash: str | None, password: str) -> bool:
     try:
-        return _hasher.verify(password_hash or _DUMMY_HASH, password) and password_hash is not None
+        with _verifications:
+            return _hasher.verify(password_hash or _DUMMY_HASH, password) and password_hash is not None
     except (VerificationError, InvalidHashError):
         return False
 

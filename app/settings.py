@@ -58,7 +58,7 @@ class DashboardSettings(BaseSettings):
     )
     session_hours: float = Field(12.0, gt=0, description="How long a login lasts without activity.")
     cookie_secure: bool = Field(False, description="Send cookies only over HTTPS (set behind TLS).")
-    login_max_failures: int = Field(5, ge=1, description="Failed logins per username+IP before a lockout.")
+    login_max_failures: int = Field(5, ge=1, description="Failed logins per account and client address before a lockout (4x that per account).")
     login_lockout_seconds: float = Field(
         30.0, ge=0, description="First lockout; doubles with every further failure, up to 15 minutes."
     )
@@ -74,6 +74,10 @@ class DashboardSettings(BaseSettings):
     )
     event_poll_seconds: float = Field(
         1.0, gt=0, description="How often the live-update hub looks for events of other processes."
+    )
+    trusted_proxies: list[str] = Field(
+        default_factory=list,
+        description="Proxy addresses or networks (e.g. the Ingress) whose X-Forwarded-For gives the client address.",
     )
     max_body_bytes: int = Field(1_048_576, ge=1024, description="Largest request body accepted (bigger: 413).")
     page_size: int = Field(200, ge=10, le=1000, description="Chats shown in the queue at once.")

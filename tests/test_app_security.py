@@ -2,17 +2,24 @@
 
 from __future__ import annotations
 
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from unittest import mock
+
+import httpx
 import pytest
 from app_fixtures import (
     PASSWORD,
     dashboard_settings,
     make_insight,
+    running_server,
     sign_in,
     staffed_database,
     store,
 )
 from fastapi.testclient import TestClient
 
+from app import security
 from app.crud import users
 from app.crud.ingest import ingest_dead_letter, ingest_insight
 from app.db import Database
@@ -276,3 +283,76 @@ def test_json_answers_are_never_cached(anon, client_for):
     alice = client_for("alice")
     assert alice.get("/api/chats/evil").headers["cache-control"] == "no-store"
     assert alice.get("/api/chats").headers["cache-control"] == "no-store"
+
+
+real_hasher = security._hasher
+
+
+def watching_verify(verify):
+    """Route argon2 verifications through `verify`, which calls the real hasher and takes notes."""
+    return mock.patch.object(security, "_hasher", mock.Mock(wraps=real_hasher, verify=verify))
+
+
+def test_parallel_wrong_passwords_are_checked_no_more_times_than_the_limit(staffed):
+    """The race the audit found: 12 parallel wrong passwords were all verified (limit 5)."""
+    url = staffed[0]
+    app = create_app(dashboard_settings(url))
+    verified = []
+
+    def counting_verify(*args):
+        verified.append(1)
+        return real_hasher.verify(*args)
+
+    with running_server(app) as base, watching_verify(counting_verify):
+        def attempt(_):
+            return httpx.post(f"{base}/api/session", json={"username": "alice", "password": "wrong-guess"},
+                              timeout=60).status_code
+
+        with ThreadPoolExecutor(12) as pool:
+            codes = list(pool.map(attempt, range(12)))
+    assert sorted(set(codes)) == [401, 429] and codes.count(401) == 5
+    assert len(verified) == 5
+
+
+def test_argon2_verifications_run_at_most_four_at_once():
+    running, peak, lock = 0, 0, threading.Lock()
+
+    def watched_verify(*args):
+        nonlocal running, peak
+        with lock:
+            running += 1
+            peak = max(peak, running)
+        try:
+            return real_hasher.verify(*args)
+        finally:
+            with lock:
+                running -= 1
+
+    stored = security.hash_password("correct horse")
+    with watching_verify(watched_verify), ThreadPoolExecutor(16) as pool:
+        assert all(pool.map(lambda _: security.verify_password(stored, "correct horse"), range(16)))
+    assert peak == security.MAX_CONCURRENT_VERIFICATIONS
+
+
+def test_lockouts_follow_the_account_and_the_client_not_the_shared_proxy_address(staffed):
+    """Behind a proxy every client has its address: one client's failures lock neither other users
+    nor the same user on another client; X-Forwarded-For counts only from a trusted proxy."""
+    url = staffed[0]
+
+    def login(base, username, password, client):
+        return httpx.post(f"{base}/api/session", json={"username": username, "password": password},
+                          headers={"X-Forwarded-For": client}, timeout=30).status_code
+
+    with running_server(create_app(dashboard_settings(url, trusted_proxies=["127.0.0.1"]))) as base:
+        for _ in range(5):
+            assert login(base, "alice", "wrong-guess", "203.0.113.7") == 401
+        assert login(base, "alice", PASSWORD, "203.0.113.7") == 429  # this client is locked out
+        assert login(base, "alice", PASSWORD, "198.51.100.2") == 200  # alice elsewhere is not
+        for name in ("bob", "sam"):  # 25 mixed-user failures from one client used to lock everyone
+            for _ in range(4):
+                assert login(base, name, "wrong-guess", "203.0.113.7") == 401
+        assert login(base, "bob", PASSWORD, "198.51.100.2") == 200
+    with running_server(create_app(dashboard_settings(url))) as base:  # no trusted proxy: header ignored
+        for _ in range(5):
+            login(base, "bob", "wrong-guess", "192.0.2.1")
+        assert login(base, "bob", PASSWORD, "192.0.2.2") == 429

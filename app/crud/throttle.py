@@ -1,6 +1,11 @@
-"""Login throttling: failures per username+IP (and per IP) earn a lockout that doubles.
+"""Login throttling per account and per (account, client), atomic across threads and processes.
 
-Kept in the database so that every process agrees and a restart does not reset it.
+An attempt is *claimed* before its password is checked: in one write transaction the locks
+are checked and the attempt is counted as a failure; a correct password then takes its count
+back. So 12 parallel wrong passwords cannot all be verified while the limit is 5: the sixth
+claim already finds the lock. Kept in the database so every process agrees and a restart
+does not reset it. There is no per-address key: behind a proxy every client shares one
+address, and a lockout by address would lock everyone out.
 """
 
 from __future__ import annotations
@@ -8,42 +13,44 @@ from __future__ import annotations
 import math
 from datetime import timedelta
 
+from sqlalchemy import select
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+
 from app.db import Database
 from app.errors import RateLimited
 from app.models import LoginThrottle, utcnow
 
 MAX_LOCKOUT_SECONDS = 15 * 60
-IP_FACTOR = 5  # one address may fail this many times more than one username from it
+ACCOUNT_FACTOR = 4  # an account may fail this many times more, summed over all clients
 
 
-def keys(username: str, ip: str | None) -> list[tuple[str, int]]:
+def keys(username: str, client: str | None) -> list[tuple[str, int]]:
     """(key, failure factor) pairs a login attempt is counted under."""
-    ip = ip or "unknown"
-    return [(f"user:{username.strip().lower()}|ip:{ip}", 1), (f"ip:{ip}", IP_FACTOR)]
+    account = username.strip().lower()
+    return [(f"user:{account}|client:{client or 'unknown'}", 1), (f"user:{account}", ACCOUNT_FACTOR)]
 
 
-def check(db: Database, username: str, ip: str | None) -> None:
-    """Raise RateLimited while any key of this attempt is locked."""
+def claim(db: Database, username: str, client: str | None, max_failures: int, lockout_seconds: float,
+          window_seconds: float) -> None:
+    """Count this attempt as a failure, or raise RateLimited while any of its keys is locked."""
     now = utcnow()
-    with db.read() as session:
-        for key, _factor in keys(username, ip):
-            row = session.get(LoginThrottle, key)
-            if row is not None and row.locked_until is not None and row.locked_until > now:
+    attempt = keys(username, client)
+    insert = sqlite_insert if db.is_sqlite else pg_insert
+    with db.writing() as session:  # SQLite: BEGIN IMMEDIATE; PostgreSQL: the rows are locked below
+        session.execute(insert(LoginThrottle).values(
+            [{"key": key, "failures": 0, "first_failure_at": now} for key, _ in attempt]).on_conflict_do_nothing())
+        rows = {row.key: row for row in session.scalars(
+            select(LoginThrottle).where(LoginThrottle.key.in_([k for k, _ in attempt])).with_for_update())}
+        for key, _factor in attempt:
+            row = rows[key]
+            if row.locked_until is not None and row.locked_until > now:
+                session.rollback()
                 wait = math.ceil((row.locked_until - now).total_seconds())
                 raise RateLimited(f"Too many failed logins. Try again in {wait} seconds.", wait)
-
-
-def record_failure(db: Database, username: str, ip: str | None, max_failures: int,
-                   lockout_seconds: float, window_seconds: float) -> None:
-    now = utcnow()
-    with db.writing() as session:
-        for key, factor in keys(username, ip):
-            row = session.get(LoginThrottle, key)
-            if row is None:
-                row = LoginThrottle(key=key, failures=0, first_failure_at=now)
-                session.add(row)
-            elif (now - row.first_failure_at).total_seconds() > window_seconds and not (
-                    row.locked_until and row.locked_until > now):
+        for key, factor in attempt:
+            row = rows[key]
+            if (now - row.first_failure_at).total_seconds() > window_seconds:
                 row.failures, row.first_failure_at = 0, now
             row.failures += 1
             allowed = max_failures * factor
@@ -53,11 +60,14 @@ def record_failure(db: Database, username: str, ip: str | None, max_failures: in
         session.commit()
 
 
-def reset(db: Database, username: str, ip: str | None) -> None:
-    """A successful login clears its username+IP key (the IP key keeps counting down)."""
+def succeeded(db: Database, username: str, client: str | None) -> None:
+    """A correct password: clear its (account, client) key and take its claim off the account."""
+    (client_key, _), (account_key, _) = keys(username, client)
     with db.writing() as session:
-        key = keys(username, ip)[0][0]
-        row = session.get(LoginThrottle, key)
-        if row is not None:
-            session.delete(row)
-            session.commit()
+        rows = {row.key: row for row in session.scalars(
+            select(LoginThrottle).where(LoginThrottle.key.in_([client_key, account_key])).with_for_update())}
+        if client_key in rows:
+            session.delete(rows[client_key])
+        if account_key in rows and rows[account_key].failures > 0:
+            rows[account_key].failures -= 1
+        session.commit()
