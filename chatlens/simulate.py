@@ -15,6 +15,7 @@ import json
 import random
 import sys
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 
 from chatlens.config import DEFAULT_PROJECT, LAYOUT, topic_path
@@ -27,12 +28,12 @@ def load_chats(path: Path) -> list[ChatWindow]:
     return [parse_window(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
-def replay(window: ChatWindow, round_number: int) -> ChatWindow:
-    """A copy with ids unique to this round, so the pipeline's dedup does not drop repeats."""
-    if round_number == 0:
-        return window
-    chat_id = f"{window.chat_id}-r{round_number}"
-    messages = [m.model_copy(update={"chat_id": chat_id}) for m in window.messages]
+def replay(window: ChatWindow, round_number: int, now: datetime) -> ChatWindow:
+    """A copy happening now (its last message at `now`, the gaps kept, so the queue's waiting
+    times are real) with ids unique to this round (so the pipeline's dedup keeps repeats)."""
+    chat_id = f"{window.chat_id}-r{round_number}" if round_number else window.chat_id
+    shift = now - window.messages[-1].sent_at
+    messages = [m.model_copy(update={"chat_id": chat_id, "sent_at": m.sent_at + shift}) for m in window.messages]
     return window.model_copy(update={"chat_id": chat_id, "messages": messages})
 
 
@@ -65,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
             round_number, index = divmod(number, len(chats))
             if index == 0:
                 rng.shuffle(chats)
-            window = replay(chats[index], round_number)
+            window = replay(chats[index], round_number, datetime.now(timezone.utc))
             started = time.monotonic()
             if rng.random() < args.streamed_share:
                 for i, message in enumerate(window.messages):

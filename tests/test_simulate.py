@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from datetime import datetime, timedelta, timezone
 
 from chatlens.cli import main
 from chatlens.config import LAYOUT, subscription_path
@@ -45,3 +46,8 @@ def test_simulate_publishes_windows_and_streamed_chats(pubsub_server, monkeypatc
         parse_message(item.message.data)
     closed_chats = {m.message.attributes["chat_id"] for m in messages if m.message.attributes["closed"] == "true"}
     assert len(windows) + len(closed_chats) == 6 and windows and closed_chats
+    # Re-timed to now: the dashboard shows them waiting seconds, not the weeks since they were written.
+    now = datetime.now(timezone.utc)
+    sent = [parse_window(w.message.data).messages[-1].sent_at for w in windows]
+    sent += [parse_message(m.message.data).sent_at for m in messages if m.message.attributes["closed"] == "true"]
+    assert all(now - timedelta(minutes=2) < t <= now for t in sent), sent
