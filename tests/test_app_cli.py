@@ -42,8 +42,8 @@ def test_dashboard_command_serves_and_stops_cleanly_on_sigterm(tmp_path, pubsub_
             with client.stream("GET", "/api/events") as stream:  # an open live stream must not hold up the stop
                 next(stream.iter_lines())
                 process.send_signal(signal.SIGTERM)
-                # uvicorn shuts down, then re-raises the signal: the usual exit status of a SIGTERM.
-                assert process.wait(timeout=20) in (0, -signal.SIGTERM)
+                # A clean shutdown exits 0 (uvicorn alone re-raises the signal: status 143).
+                assert process.wait(timeout=20) == 0
     finally:
         if process.poll() is None:
             process.kill()
