@@ -35,11 +35,14 @@ def get_db(request: Request) -> Database:
     return get_ctx(request).db
 
 
+def session_principal(ctx: AppContext, token: str | None) -> Principal | None:
+    """Who a session token belongs to, or None when it is unknown, expired or its user disabled."""
+    return sessions.lookup(ctx.db, ctx.secret, token, ctx.settings.session_hours)
+
+
 def _principal(request: Request) -> Principal | None:
     if not hasattr(request.state, "principal"):
-        ctx = get_ctx(request)
-        request.state.principal = sessions.lookup(
-            ctx.db, ctx.secret, request.cookies.get(SESSION_COOKIE), ctx.settings.session_hours)
+        request.state.principal = session_principal(get_ctx(request), request.cookies.get(SESSION_COOKIE))
     return request.state.principal
 
 

@@ -11,7 +11,7 @@
 
 from __future__ import annotations
 
-from sqlalchemy import create_engine, func, or_, select
+from sqlalchemy import create_engine, func, or_, select, tuple_
 
 from app import sentiments
 from app.models import Chat, Feedback, Insight
@@ -65,11 +65,9 @@ def export_examples(db_url: str) -> list:
             ).all()
             replies = {(row.chat_id, row.window_id): row.draft for row in reviewed}
             keys = sorted(set(labels) | set(replies))
-            payloads = {}
-            for chat_id, window_id in keys:
-                payloads[(chat_id, window_id)] = conn.execute(
-                    select(Insight.payload).where(Insight.chat_id == chat_id, Insight.window_id == window_id)
-                ).scalar_one()
+            found = conn.execute(select(Insight.chat_id, Insight.window_id, Insight.payload)
+                                 .where(tuple_(Insight.chat_id, Insight.window_id).in_(keys))).all() if keys else []
+            payloads = {(row.chat_id, row.window_id): row.payload for row in found}
         examples = []
         for key in keys:
             insight = ChatInsight.model_validate_json(payloads[key])

@@ -35,6 +35,10 @@ class LiveEvent:
     id: int | None = None  # only durable events (and hello/resync markers) carry one
 
 
+_QUIET = LiveEvent("quiet", {})
+"""What the stream sees when nothing arrived for `check_seconds`: time to re-check, nothing to send."""
+
+
 class EventHub:
     def __init__(self, db: Database, poll_seconds: float = 1.0, retention: int = 10_000,
                  status_provider: Callable[[], dict[str, Any]] | None = None) -> None:
@@ -121,14 +125,14 @@ class EventHub:
                 try:
                     event = await asyncio.wait_for(queue.get(), timeout=check_seconds)
                 except TimeoutError:
-                    event = LiveEvent("tick", {})
+                    event = _QUIET
                 if still_allowed is not None and time.monotonic() - checked >= check_seconds:
                     checked = time.monotonic()
                     if not await still_allowed():
                         return
                 if event is None:
                     return
-                if event.kind == "tick":
+                if event is _QUIET:
                     continue
                 if event.id is not None and event.id <= sent:
                     continue

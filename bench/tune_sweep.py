@@ -79,7 +79,7 @@ def sweep(args: argparse.Namespace) -> None:
     import jax.numpy as jnp
     import numpy as np
 
-    from pipeline.model.tuning import LoraTrainer, epoch_batches
+    from pipeline.model.tuning import LoraTrainer, epoch_batches, steps_per_epoch
     from pipeline.scoring import sentiment_scores
 
     data = dict(np.load(args.sequences))
@@ -87,10 +87,7 @@ def sweep(args: argparse.Namespace) -> None:
     gold = data["dev_gold"].tolist()[: args.limit]
     labels = jnp.asarray(data["labels"])
 
-    def batches(seqs, seed):
-        return epoch_batches(seqs, args.batch_tokens, seed)
-
-    dev_pairs = list(batches(dev, 0))
+    dev_pairs = list(epoch_batches(dev, args.batch_tokens, 0))
     dev_batches = [batch for _, batch in dev_pairs]
     dev_order = [i for b, _ in dev_pairs for i in b]
     results, best = [], None
@@ -98,7 +95,7 @@ def sweep(args: argparse.Namespace) -> None:
     for config in args.configs:
         rank, lr = config.split(":")
         backbone = backbone_from_gguf(args.gguf)
-        steps = sum(1 for _ in epoch_batches(train, args.batch_tokens, args.seed)) * args.epochs
+        steps = steps_per_epoch(train, args.batch_tokens, args.seed) * args.epochs
         trainer = LoraTrainer(backbone, int(rank), float(lr), steps, args.seed)
 
         @jax.jit
@@ -114,7 +111,7 @@ def sweep(args: argparse.Namespace) -> None:
 
         history, started = [], time.perf_counter()
         for epoch in range(args.epochs):
-            losses = [trainer.step(batch) for _, batch in batches(train, args.seed + epoch)]
+            losses = [trainer.step(batch) for _, batch in epoch_batches(train, args.batch_tokens, args.seed + epoch)]
             dev_loss = trainer.loss(iter(dev_batches))
             predicted = []
             for b, batch in dev_pairs:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -80,10 +79,9 @@ def decoder_predictions(decoder, examples: Sequence[Example], batch_size: int, p
 
 def tuned_system(model: str, adapter: Path, batch_size: int, cache: Path | None = None) -> tuple[System, dict]:
     """A system running a base model with a ChatLens adapter, one pass per chat."""
-    from pipeline.model.handler import DEFAULT_ENV
+    from pipeline.model.handler import use_default_env
 
-    for name, value in DEFAULT_ENV.items():
-        os.environ.setdefault(name, value)
+    use_default_env()
     from pipeline.model.one_pass import OnePassDecoder
     from pipeline.model.sources import load_causal_lm
 
@@ -141,13 +139,13 @@ def score_system(examples: Sequence[Example], predictions: Sequence[Prediction])
             worst["sentiment"] = [(0.0, i, f"predicted {SENTIMENT_LABELS[p]}")
                                   for i, t, p in zip(labelled, truth, predicted) if t != p]
         results["sentiment"] = sentiment
+    frequency = scoring.document_frequency(customer_text(e.window) for e in examples)
     for kind, limit in (("summary", MAX_GOLD_SUMMARY_CHARS), ("reply", None)):
         pairs = [(i, getattr(predictions[i], kind), getattr(e, kind)) for i, e in enumerate(examples)
                  if e.has_gold(kind) and getattr(predictions[i], kind) is not None]
         if not pairs:
             continue
         rouge, grounded, languages, placeholders, problems = [], [], [], [], []
-        frequency = scoring.document_frequency(customer_text(e.window) for e in examples)
         for i, text, gold in pairs:
             window = examples[i].window
             language = "en" if kind == "summary" else (window.language or "en")

@@ -97,12 +97,11 @@ def run(args: argparse.Namespace) -> int:
 
     from chatlens.config import get_settings
     from pipeline.model.chat_format import training_sequence
-    from pipeline.model.handler import DEFAULT_ENV
+    from pipeline.model.handler import use_default_env
     from pipeline.model.sources import load_causal_lm
-    from pipeline.model.tuning import LoraTrainer, epoch_batches
+    from pipeline.model.tuning import LoraTrainer, epoch_batches, steps_per_epoch
 
-    for name, value in DEFAULT_ENV.items():
-        os.environ.setdefault(name, value)
+    use_default_env()
     if not args.out.name.endswith(".lora.h5"):
         raise SystemExit("--out must end in .lora.h5 (keras-hub's adapter format)")
     started = time.perf_counter()
@@ -117,8 +116,8 @@ def run(args: argparse.Namespace) -> int:
     encode = lambda e: training_sequence(vocabulary, e.window, e.label, e.summary, e.reply, e.gold)  # noqa: E731
     train_seqs = [encode(e) for e in train]
     dev_seqs = [encode(e) for e in dev]
-    steps_per_epoch = sum(1 for _ in epoch_batches(train_seqs, args.batch_tokens, args.seed))
-    total = steps_per_epoch * args.epochs
+    epoch_steps = steps_per_epoch(train_seqs, args.batch_tokens, args.seed)
+    total = epoch_steps * args.epochs
     trainer = LoraTrainer(lm.backbone, args.rank, args.learning_rate, total, args.seed)
     args.checkpoint_dir.mkdir(parents=True, exist_ok=True)
     checkpoint = args.checkpoint_dir / "checkpoint.npz"
@@ -135,9 +134,9 @@ def run(args: argparse.Namespace) -> int:
         partial.replace(checkpoint)
 
     with tqdm(total=total, initial=progress["step"], desc="tune", unit="step", file=sys.stderr) as bar:
-        for epoch in range(progress["step"] // steps_per_epoch, args.epochs):
+        for epoch in range(progress["step"] // epoch_steps, args.epochs):
             batches = epoch_batches(train_seqs, args.batch_tokens, args.seed + epoch)
-            done_in_epoch = progress["step"] - epoch * steps_per_epoch
+            done_in_epoch = progress["step"] - epoch * epoch_steps
             losses, tokens, clock = [], 0, time.perf_counter()
             for _, batch in itertools.islice(batches, done_in_epoch, None):
                 losses.append(trainer.step(batch))

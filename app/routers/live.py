@@ -9,8 +9,7 @@ from fastapi import APIRouter, Header, Query, Request
 from fastapi.sse import EventSourceResponse, ServerSentEvent
 from starlette.concurrency import run_in_threadpool
 
-from app.crud import sessions
-from app.deps import SESSION_COOKIE, Ctx, User
+from app.deps import SESSION_COOKIE, Ctx, User, session_principal
 
 router = APIRouter(tags=["live"])
 RETRY_MS = 2000
@@ -39,8 +38,7 @@ async def events(
     token = request.cookies.get(SESSION_COOKIE)
 
     async def still_allowed() -> bool:
-        return await run_in_threadpool(
-            sessions.lookup, ctx.db, ctx.secret, token, ctx.settings.session_hours) is not None
+        return await run_in_threadpool(session_principal, ctx, token) is not None
 
     first = True
     async for event in ctx.hub.stream(start, still_allowed, SESSION_CHECK_SECONDS):

@@ -26,8 +26,11 @@ def readyz(ctx: Ctx) -> JSONResponse:
     database = ctx.db.ping()
     feed = ctx.feed_state()
     # Error text can carry SQL parameters: it goes to the logs and /metrics, not to this open probe.
-    subscribers = [{k: v for k, v in s.status().as_dict().items() if k != "last_error"}
-                   | {"has_error": s.status().last_error is not None} for s in ctx.subscribers]
+    subscribers = []
+    for subscriber in ctx.subscribers:
+        status = subscriber.status().as_dict()
+        status["has_error"] = status.pop("last_error") is not None
+        subscribers.append(status)
     ready = database and feed in ("running", "off")
     return JSONResponse(
         {"status": "ready" if ready else "not ready", "database": database, "feed": feed,

@@ -43,6 +43,14 @@ DEFAULT_ENV = {
     "TF_CPP_MIN_LOG_LEVEL": "2",
 }
 
+
+
+def use_default_env() -> None:
+    """Set DEFAULT_ENV in this process (where unset), before keras or JAX is imported."""
+    for name, value in DEFAULT_ENV.items():
+        os.environ.setdefault(name, value)
+
+
 _ENGINES = shared.Shared()
 """Engines loaded in this process, by model spec: what `large_model=False` stages share."""
 

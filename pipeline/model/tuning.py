@@ -164,6 +164,11 @@ def _arrays(batch: Batch) -> Batch:
     return Batch(*(jnp.asarray(x) for x in batch))
 
 
+def steps_per_epoch(sequences: Sequence[TrainingSequence], batch_tokens: int, seed: int) -> int:
+    """How many batches `epoch_batches` yields, without packing them."""
+    return len(length_batches(sequences, batch_tokens, seed, MAX_BATCH, TRAIN_BUCKETS))
+
+
 def epoch_batches(sequences: Sequence[TrainingSequence], batch_tokens: int, seed: int
                   ) -> Iterator[tuple[list[int], Batch]]:
     """One epoch of (indices, batch) in the order `seed` gives: the one batching tune and sweep share."""
