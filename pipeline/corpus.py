@@ -19,11 +19,11 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from chatlens.contracts import ChatWindow, ContractError, parse_window
+from chatlens.contracts import SENTIMENT_LABELS, ChatWindow, ContractError, parse_window
 
 DATA_DIR = Path(__file__).resolve().parents[1] / "data"
 SPLITS = ("train", "dev", "test")
-LABELS = (-1, 0, 1)
+LABELS = tuple(SENTIMENT_LABELS)  # -1, 0, 1
 GOLD_FIELDS = ("label", "summary", "reply", "scenario", "domain", "hard_cases")
 MAX_GOLD_SUMMARY_CHARS = 240
 MAX_GOLD_REPLY_CHARS = 600

@@ -17,7 +17,7 @@ from functools import cache, lru_cache
 
 from chatlens.contracts import SENTIMENT_LABELS
 
-LABELS = (-1, 0, 1)
+LABELS = tuple(SENTIMENT_LABELS)  # -1, 0, 1
 # Languages whose month, weekday and language names an English summary may translate.
 TRANSLATED_LANGUAGES = ("en", "fr", "es", "de", "it", "pt", "nl", "pl", "tr", "sv")
 ECE_BINS = 10

@@ -21,10 +21,10 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
-from chatlens.contracts import ChatWindow
+from chatlens.contracts import SENTIMENT_LABELS, ChatWindow
 from pipeline.prompts import PROMPTS_DIR, fit_transcript, transcript_lines
 
-LABELS = (" negative", " neutral", " positive")  # index = sentiment + 1
+LABELS = tuple(f" {name}" for name in SENTIMENT_LABELS.values())  # index = sentiment + 1
 SUMMARY_CUE = "\nSummary:"
 SUMMARY_END = "\n"
 REPLY_CUE = "Reply:"
