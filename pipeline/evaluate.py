@@ -237,8 +237,7 @@ def run(args: argparse.Namespace) -> int:
     shown: dict[str, dict] = {}
     for name, make in systems:
         system, about = make()
-        with tqdm(total=len(examples), desc=name, unit="chat", file=sys.stderr,
-                  ) as bar:
+        with tqdm(total=len(examples), desc=name, unit="chat", file=sys.stderr) as bar:
             started = time.perf_counter()
             predictions = system(examples, bar.update)
             seconds = time.perf_counter() - started

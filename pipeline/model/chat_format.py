@@ -17,7 +17,7 @@ the same token boundaries.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -115,7 +115,3 @@ def training_sequence(vocabulary: Vocabulary, window: ChatWindow, label: int, su
     loss = [False] * len(prompt) + learnt
     return TrainingSequence(tokens[:-1], tokens[1:], loss[1:])
 
-
-def answer_positions(sequences: Sequence[TrainingSequence]) -> int:
-    """The most loss-carrying positions in any one sequence (the gather width of a batch)."""
-    return max(sum(s.loss_mask) for s in sequences)

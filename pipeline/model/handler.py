@@ -44,7 +44,6 @@ DEFAULT_ENV = {
 }
 
 
-
 def use_default_env() -> None:
     """Set DEFAULT_ENV in this process (where unset), before keras or JAX is imported."""
     for name, value in DEFAULT_ENV.items():
