@@ -1,9 +1,13 @@
-"""Benchmark: ChatLens's batched handler against the public Beam Gemma example pattern.
+"""Benchmark: ChatLens's tuned one-pass model, its prompted engine and the public Beam Gemma pattern.
 
-Same chats, same model, one run. The public pattern (Beam's Gemma notebooks) calls
-`model.generate(prompt)` once per element with one prompt asking for JSON sentiment and
-summary, then a second prompt for the apology; ChatLens runs GemmaModelHandler on batches
-(sentiment by one scoring pass, summaries and replies by batched generation).
+Same chats, same batch size, one run, three systems:
+- `public`: the public pattern (Beam's Gemma notebooks) on the untuned model: `model.generate(prompt)`
+  once per element with one prompt asking for JSON sentiment and summary, then a second
+  prompt for the apology;
+- `prompted`: GemmaModelHandler on `gemma3-270m-base`, the engine untuned models get (sentiment by
+  one scoring pass, summaries and replies by batched generation: three prefills per chat);
+- `tuned`: GemmaModelHandler on `gemma3-270m`, the default (one pass per chat: label, summary and
+  the reply where `--reply-for negative` selects it, on one attention cache).
 
 Each system runs in its own subprocess so compile caches and peak RSS are its own. Prints
 chats/s, generated tokens/s, p50/p95 batch latency, XLA compile count, peak RSS and the
@@ -38,6 +42,7 @@ PUBLIC_PROMPT = (
 )
 PUBLIC_APOLOGY = "Generate an apology response for the user in this chat text: {chat}\nResponse:"
 NEW_TOKENS = 128  # the public pattern's generation budget per call, beyond the longest prompt
+SYSTEMS = {"public": "gemma3-270m-base", "prompted": "gemma3-270m-base", "tuned": "gemma3-270m"}  # name -> model
 
 
 def compile_counter() -> list[int]:
@@ -106,15 +111,11 @@ def run_public(chats, model: str, cache: str | None) -> dict:
 def run_chatlens(chats, model: str, cache: str | None, batch_size: int) -> dict:
     from pipeline.model.handler import GemmaModelHandler
 
-    analyse = GemmaModelHandler(model, cache_dir=cache, large_model=False)
-    reply = GemmaModelHandler(model, cache_dir=cache, task="reply", large_model=False)
-    engine = analyse.load_model()
+    handler = GemmaModelHandler(model, cache_dir=cache, large_model=False, reply_for="negative")
+    engine = handler.load_model()
 
     def batch_run(batch) -> None:
-        analysed = [r.inference for r in analyse.run_inference(batch, engine)]
-        negative = [(w, a) for w, a in zip(batch, analysed) if a.sentiment == -1]
-        if negative:
-            list(reply.run_inference(negative, engine))
+        list(handler.run_inference(batch, engine))
 
     batch_run(chats[:batch_size])  # warm-up: compile outside the timed pass
     tokens_before = engine.get_stats()["generated_tokens"]
@@ -133,10 +134,11 @@ def run_chatlens(chats, model: str, cache: str | None, batch_size: int) -> dict:
 def child(args: argparse.Namespace) -> None:
     compiles = compile_counter()
     chats = load_chats(args.data, args.chats)
+    model = SYSTEMS[args.system]
     if args.system == "public":
-        result = run_public(chats, args.model, args.cache)
+        result = run_public(chats, model, args.cache)
     else:
-        result = run_chatlens(chats, args.model, args.cache, args.batch_size)
+        result = run_chatlens(chats, model, args.cache, args.batch_size)
     latencies = sorted(result.pop("latencies"))
     result.update(
         system=args.system,
@@ -174,19 +176,20 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--chats", type=int, default=32, help="chats per system (default: %(default)s)")
     parser.add_argument("--batch-size", type=int, default=8, help="ChatLens batch size (default: %(default)s)")
-    parser.add_argument("--model", default="gemma3-270m", help="model spec (default: %(default)s)")
     parser.add_argument("--cache", default=os.environ.get("CHATLENS_CACHE"), help="model cache directory")
     parser.add_argument("--data", type=Path, default=ROOT / "data/source/eval_chats.jsonl")
-    parser.add_argument("--system", choices=["public", "chatlens"], help=argparse.SUPPRESS)
+    parser.add_argument("--systems", nargs="+", choices=list(SYSTEMS), default=list(SYSTEMS),
+                        help="which systems to run side by side (default: all; the public pattern takes ~40 min)")
+    parser.add_argument("--system", choices=list(SYSTEMS), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.system:
         child(args)
         return 0
 
     results = {}
-    for system in ("public", "chatlens"):
+    for system in args.systems:
         command = [sys.executable, __file__, "--system", system, "--chats", str(args.chats),
-                   "--batch-size", str(args.batch_size), "--model", args.model, "--data", str(args.data)]
+                   "--batch-size", str(args.batch_size), "--data", str(args.data)]
         if args.cache:
             command += ["--cache", args.cache]
         results[system] = run_child(command, system, args.chats)
@@ -196,12 +199,19 @@ def main() -> int:
     for name, r in results.items():
         print(f"{name:<10} {r['chats_per_s']:>8.3f} {r['tokens_per_s']:>9.1f} {r['p50_batch_s']:>12.2f} "
               f"{r['p95_batch_s']:>12.2f} {r['xla_compiles']:>9} {r['peak_rss_mib']:>13.0f}")
-    speedup = results["chatlens"]["chats_per_s"] / results["public"]["chats_per_s"]
-    print(f"speedup (chats/s, ChatLens / public pattern): {speedup:.2f}x")
+    speedups = {f"{a}_vs_{b}": results[a]["chats_per_s"] / results[b]["chats_per_s"]
+                for a, b in (("tuned", "prompted"), ("tuned", "public"), ("prompted", "public"))
+                if a in results and b in results}
+    for name, value in speedups.items():
+        print(f"speedup (chats/s) {name.replace('_vs_', ' / ')}: {value:.2f}x")
+    rss = results["tuned"]["peak_rss_mib"] / results["prompted"]["peak_rss_mib"] if {"tuned", "prompted"} <= set(
+        results) else None
+    if rss:
+        print(f"peak RSS tuned / prompted: {rss:.2f}")
     summary = {name: {k: r[k] for k in ("chats_per_s", "tokens_per_s", "p50_batch_s", "p95_batch_s",
                                           "xla_compiles", "peak_rss_mib")} for name, r in results.items()}
-    print(json.dumps({"bench": "inference", "chats": args.chats, "model": args.model, **summary,
-                      "speedup": round(speedup, 2)}))
+    print(json.dumps({"bench": "inference", "chats": args.chats, "batch_size": args.batch_size, **summary,
+                      "speedup": {k: round(v, 2) for k, v in speedups.items()}, "peak_rss_ratio": rss and round(rss, 2)}))
     return 0
 
 

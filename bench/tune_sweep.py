@@ -106,8 +106,8 @@ def sweep(args: argparse.Namespace) -> None:
                                       zip(backbone.non_trainable_variables, frozen))
             with keras.StatelessScope(state_mapping=mapping):
                 hidden = backbone({"token_ids": batch.token_ids, "padding_mask": batch.padding_mask})
-                first = jnp.take_along_axis(hidden, batch.positions[:, :1, None], axis=1)
-                return backbone.token_embedding(first, reverse=True)[:, 0, :][:, labels]
+                first = hidden[jnp.arange(hidden.shape[0]), batch.label_cols]
+                return backbone.token_embedding(first[None], reverse=True)[0][:, labels]
 
         history, started = [], time.perf_counter()
         for epoch in range(args.epochs):

@@ -1,7 +1,7 @@
 """Bake the model into the worker image at build time (deploy/worker.Dockerfile runs this).
 
-Without --preset: converts the GGUF bundled with the project (spec 'gemma3-270m') into a
-keras-hub preset under --cache, exactly where `pipeline.model.sources` looks for it, and
+Without --preset: converts the GGUF bundled with the project (spec 'gemma3-270m', with
+ChatLens's adapter merged in where one is committed) into a keras-hub preset under --cache, exactly where `pipeline.model.sources` looks for it, and
 links --link to it. With --preset DIR: checks that DIR is a keras-hub preset directory
 (config.json; optional chatlens.json with model_id and instruction_tuned) and links --link
 to it. Either way it then resolves --link the way a worker does and fails the build if that

@@ -18,6 +18,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
+from pipeline.model.analysis import REPLY_FOR
 from pipeline.options import PipelineConfig
 
 
@@ -26,11 +27,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-o", "--output", type=Path, metavar="OUT.jsonl",
                         help="where the ChatInsights go (default: IN.insights.jsonl); dead letters go to "
                              "OUT.deadletter.jsonl")
-    parser.add_argument("--model", help="model spec (default: CHATLENS_MODEL, else gemma3-270m)")
+    parser.add_argument("--model", help="model spec (default: CHATLENS_MODEL, else gemma3-270m, the tuned one)")
+    parser.add_argument("--adapter", metavar="FILE", help="a LoRA adapter (.lora.h5) tuned for --model")
     parser.add_argument("--model-cache", metavar="DIR", help="where converted models are cached (default: CHATLENS_CACHE)")
     parser.add_argument("--prompt-variant", help="prompt set: 'completion' or 'chat' (default: follows the model)")
     parser.add_argument("--max-batch-size", type=int, default=8, help="largest model batch (default 8)")
-    parser.add_argument("--reply-for", choices=("negative", "all", "none"), default="negative",
+    parser.add_argument("--reply-for", choices=REPLY_FOR, default="negative",
                         help="which chats get a reply draft (default negative)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
@@ -52,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     out, dead_out = output_paths(args.input, args.output)
     config = PipelineConfig(
-        project=settings.project, mode="windows", model=args.model or settings.model,
+        project=settings.project, mode="windows", model=args.model or settings.model, adapter=args.adapter,
         model_cache=args.model_cache or str(settings.cache), prompt_variant=args.prompt_variant,
         max_batch_size=args.max_batch_size, max_batch_duration_secs=0, reply_for=args.reply_for,
         model_sharing="process",

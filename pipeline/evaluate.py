@@ -63,56 +63,28 @@ def vader(examples: Sequence[Example], progress: Callable[[int], None]) -> list[
     return predictions
 
 
-def decoder_predictions(decoder, examples: Sequence[Example], batch_size: int, progress: Callable[[int], None]
-                        ) -> list[Prediction]:
-    """The tuned model's one pass per chat, with a reply wherever the gold has one."""
+def engine_predictions(engine, examples: Sequence[Example], batch_size: int, progress: Callable[[int], None]
+                       ) -> list[Prediction]:
+    """What the pipeline's engine says of each chat, with a reply wherever the gold has one."""
     predictions = []
     for start in range(0, len(examples), batch_size):
         batch = examples[start : start + batch_size]
-        for output in decoder.run([e.window for e in batch], [e.has_gold("reply") for e in batch]):
-            probabilities = output.probabilities
-            label = max(range(3), key=probabilities.__getitem__) - 1
-            predictions.append(Prediction(label, max(probabilities), output.summary, output.reply))
+        analyses = engine.analyze([e.window for e in batch], ["all" if e.has_gold("reply") else "none" for e in batch])
+        predictions += [Prediction(a.sentiment, a.confidence, a.summary, a.reply_draft) for a in analyses]
         progress(len(batch))
     return predictions
 
 
-def tuned_system(model: str, adapter: Path, batch_size: int, cache: Path | None = None) -> tuple[System, dict]:
-    """A system running a base model with a ChatLens adapter, one pass per chat."""
-    from pipeline.model.handler import use_default_env
-
-    use_default_env()
-    from pipeline.model.one_pass import OnePassDecoder
-    from pipeline.model.sources import load_causal_lm
-
-    lm, source = load_causal_lm(model, cache_dir=cache)
-    lm.backbone.load_lora_weights(str(adapter))
-    decoder = OnePassDecoder(lm)
-    return (lambda examples, progress: decoder_predictions(decoder, examples, batch_size, progress),
-            {"model_id": f"{source.model_id}+{adapter.name.removesuffix('.lora.h5')}"})
-
-
-def gemma_system(model: str, variant: str | None, batch_size: int, cache: Path | None = None
-                 ) -> tuple[System, dict]:
-    """A system running the pipeline's engine: analysis for every chat, replies where gold has one."""
+def gemma_system(model: str, variant: str | None, batch_size: int, cache: Path | None = None,
+                 adapter: Path | None = None) -> tuple[System, dict]:
+    """A system running the pipeline's engine for `model` (+ `adapter`): one pass per chat for a
+    model tuned by ChatLens, prompted per output for others."""
     from pipeline.model.handler import GemmaModelHandler
 
-    engine = GemmaModelHandler(model, task="analyze", prompt_variant=variant, large_model=False,
+    engine = GemmaModelHandler(model, adapter=adapter, prompt_variant=variant, large_model=False,
                                cache_dir=cache).load_model()
-
-    def run(examples: Sequence[Example], progress: Callable[[int], None]) -> list[Prediction]:
-        predictions = []
-        for start in range(0, len(examples), batch_size):
-            batch = examples[start : start + batch_size]
-            analyses = engine.analyze([e.window for e in batch])
-            wanted = [i for i, e in enumerate(batch) if e.has_gold("reply")]
-            drafts = dict(zip(wanted, engine.draft_replies([batch[i].window for i in wanted]))) if wanted else {}
-            predictions += [Prediction(a.sentiment, a.confidence, a.summary, drafts.get(i, (None,))[0])
-                            for i, a in enumerate(analyses)]
-            progress(len(batch))
-        return predictions
-
-    return run, {"model_id": engine.model_id, "prompt_version": engine.prompts.version}
+    return (lambda examples, progress: engine_predictions(engine, examples, batch_size, progress),
+            {"model_id": engine.model_id, "prompt_version": engine.prompt_version})
 
 
 # ---- scoring --------------------------------------------------------------------------------
@@ -191,7 +163,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="score on what staff taught the dashboard: corrected sentiments, approved or edited replies")
     parser.add_argument("--model", action="append", help="model spec, repeatable (default: CHATLENS_MODEL or gemma3-270m)")
     parser.add_argument("--adapter", type=Path, action="append",
-                        help="a ChatLens LoRA adapter (.lora.h5) to run on each --model, one pass per chat; repeatable")
+                        help="a LoRA adapter (.lora.h5, from `chatlens tune`) to run on each --model; repeatable")
     parser.add_argument("--prompt-variant", action="append", choices=["completion", "chat"],
                         help="prompt variant, repeatable (default: the model's own kind)")
     parser.add_argument("--model-cache", type=Path, help="model cache directory (default: CHATLENS_CACHE)")
@@ -228,8 +200,8 @@ def run(args: argparse.Namespace) -> int:
     if not args.no_model:
         for model in args.model or [get_settings().model]:
             for adapter in args.adapter or []:
-                systems.append((f"{model}+{adapter.name.removesuffix('.lora.h5')}",
-                                lambda m=model, a=adapter: tuned_system(m, a, args.batch_size, args.model_cache)))
+                systems.append((f"{model}+{adapter.name.removesuffix('.lora.h5')}", lambda m=model, a=adapter: (
+                    gemma_system(m, None, args.batch_size, args.model_cache, a))))
             for variant in ([] if args.adapter else args.prompt_variant or [None]):
                 name = f"{model}/{variant}" if variant else model
                 systems.append((name, lambda m=model, v=variant: gemma_system(m, v, args.batch_size, args.model_cache)))

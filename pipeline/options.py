@@ -16,6 +16,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from chatlens.config import LAYOUT
+from pipeline.model.analysis import REPLY_FOR
 
 LOCAL_RUNNERS = ("BundleBasedDirectRunner", "DirectRunner", "SwitchingDirectRunner")
 DEFAULT_RUNNER = "BundleBasedDirectRunner"
@@ -23,7 +24,7 @@ MODEL_STAGES = ("gemma", "remote", "noop")
 """--model-stage: Gemma on the worker, an OpenAI-compatible endpoint, or the benchmarking baseline."""
 MODEL_SHARING = ("auto", "process", "machine")
 MODEL_TAG = "chatlens-gemma"
-"""RunInference `model_identifier` shared by the analysis and reply stages: one model per machine."""
+"""RunInference `model_identifier` of the model stage: one model per machine, shared by its processes."""
 
 
 @dataclass(frozen=True)
@@ -55,8 +56,11 @@ OPTIONS: tuple[Option, ...] = (
            LAYOUT.deadletter_topic),
     Option("--timestamp-attribute", "message attribute holding the event time (RFC 3339 or epoch millis); "
            "default: the Pub/Sub publish time", metavar="NAME"),
-    Option("--model", "model spec: 'gemma3-270m', a keras-hub preset directory or handle "
+    Option("--model", "model spec: 'gemma3-270m' (the embedded Gemma 3 270M tuned by ChatLens), "
+           "'gemma3-270m-base' (untuned), a keras-hub preset directory or handle "
            "(default: CHATLENS_MODEL, else gemma3-270m)"),
+    Option("--adapter", "a LoRA adapter (.lora.h5, from `chatlens tune`) tuned for --model, merged into it "
+           "once at load (default: none; gemma3-270m already carries ChatLens's own)", metavar="FILE"),
     Option("--model-cache", "where converted models are cached (default: CHATLENS_CACHE)", metavar="DIR"),
     Option("--model-stage", "what the model stages run: 'gemma' (default), Gemma on the worker; 'remote', an "
            "OpenAI-compatible endpoint (--remote-url, --remote-model); or 'noop', a benchmarking baseline "
@@ -89,8 +93,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("--max-batch-duration-secs", "longest a batch waits to fill up; 0 batches within a bundle only "
            "(default 1)", 1, int),
     Option("--model-copies", "copies of the model per machine, e.g. one per GPU (default 1)", 1, int),
-    Option("--reply-for", "which chats get a reply draft (default negative)", "negative",
-           choices=("negative", "all", "none")),
+    Option("--reply-for", "which chats get a reply draft (default negative)", "negative", choices=REPLY_FOR),
     Option("--session-gap-secs", "messages mode: a chat's session ends after this much silence (default 600)",
            600, int),
     Option("--early-fire-count", "messages mode: analyse a growing chat again after this many new messages "
@@ -161,6 +164,7 @@ class PipelineConfig:
     deadletter_topic: str = LAYOUT.deadletter_topic
     timestamp_attribute: str | None = None
     model: str = "gemma3-270m"
+    adapter: str | None = None
     model_cache: str | None = None
     model_stage: str = "gemma"
     prompt_variant: str | None = None
@@ -234,7 +238,8 @@ class PipelineConfig:
         from pipeline.model.stages import ModelStage, parse_tenant_models
 
         return ModelStage(
-            kind=self.model_stage, model=self.model, cache_dir=self.model_cache, prompt_variant=self.prompt_variant,
+            kind=self.model_stage, model=self.model, adapter=self.adapter, reply_for=self.reply_for,
+            cache_dir=self.model_cache, prompt_variant=self.prompt_variant,
             min_batch_size=self.min_batch_size, max_batch_size=self.max_batch_size,
             max_batch_duration_secs=self.max_batch_duration_secs or None, large_model=self.large_model,
             model_copies=self.model_copies if self.model_copies > 1 else None,

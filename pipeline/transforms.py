@@ -626,79 +626,52 @@ class _BuildInsightFn(beam.DoFn):
 
 
 class AnalyzeWindows(beam.PTransform):
-    """(Origin, ChatWindow) -> ChatInsight Outputs, plus dead letters of the model stages.
+    """(Origin, ChatWindow) -> ChatInsight Outputs, plus dead letters of the model stage.
 
-    Reshuffle (spread the model work), RunInference 'analyze' (sentiment and summary),
-    RunInference 'reply' for the chats `reply_for` selects, both through one shared
-    model (`model_tag`), then the insight. Elements enter RunInference keyed by their
-    model route (pipeline/model/stages.py) with the origin riding along in the example.
-    Failed batches become dead letters of stage "inference" or "reply", failed insights
-    of stage "postprocess".
+    Reshuffle (spread the model work), then one RunInference through the shared model
+    (`model_tag`): sentiment, summary and, for the chats the stage's `reply_for` selects, a
+    reply draft (a tuned model does all three in one pass per chat), then the insight.
+    Elements enter RunInference keyed by their model route (pipeline/model/stages.py) with
+    the origin riding along in the example. Failed batches become dead letters of stage
+    "inference", failed insights of stage "postprocess".
     """
 
-    def __init__(self, stage: ModelStage, reply_for: str = "negative", model_tag: str | None = None,
-                 resource_hints: dict[str, str] | None = None):
+    def __init__(self, stage: ModelStage, model_tag: str | None = None, resource_hints: dict[str, str] | None = None):
         super().__init__()
-        if reply_for not in ("negative", "all", "none"):
-            raise ValueError(f"reply_for must be negative, all or none, not {reply_for!r}")
         self._stage = stage
-        self._reply_for = reply_for
         self._model_tag = model_tag
         self._hints = dict(resource_hints or {})
         if stage.kind != "gemma" and model_tag:
             self._model_tag = f"{model_tag}-{stage.kind}"  # never attach to a loaded Gemma
 
-    def _run_inference(self, task: str):
+    def _run_inference(self):
         from apache_beam.ml.inference.base import RunInference
 
-        transform = RunInference(self._stage.handler(task), model_identifier=self._model_tag,
+        transform = RunInference(self._stage.handler(), model_identifier=self._model_tag,
                                  **self._stage.run_inference_kwargs())
         if self._hints:
             transform = transform.with_resource_hints(**self._hints)
         return transform.with_exception_handling()
 
     def expand(self, windows):
-        reply_for = self._reply_for
         stage = self._stage
 
         def keyed(element):
             origin, chat = element
             return stage.route(chat), element
 
-        analysed, analyse_failures = (
+        def unpack(element):
+            origin, chat = element[1].example
+            return origin, chat, element[1].inference
+
+        analysed, failures = (
             windows | "Reshuffle" >> beam.Reshuffle() | "Route" >> beam.Map(keyed)
-            | "Analyze" >> self._run_inference("analyze"))
-
-        def route(element):
-            route_key, result = element
-            origin, chat = result.example
-            analysis = result.inference
-            if reply_for == "all" or (reply_for == "negative" and analysis.sentiment < 0):
-                yield pvalue.TaggedOutput("reply", (route_key, (origin, (chat, analysis))))
-            else:
-                yield origin, chat, analysis
-
-        routed = analysed | "RouteReplies" >> beam.FlatMap(route).with_outputs("reply", main="done")
-        if reply_for == "none":
-            replied = routed.done
-            reply_failures = None
-        else:
-            def unpack(element):
-                origin, (chat, _) = element[1].example
-                return origin, chat, element[1].inference
-
-            drafted, reply_failures = routed.reply | "Reply" >> self._run_inference("reply")
-            replied = (routed.done, drafted | "Unpack" >> beam.Map(unpack)) | "Analysed" >> beam.Flatten()
-        built = replied | "BuildInsight" >> beam.ParDo(_BuildInsightFn()).with_outputs(DEAD_LETTER, main="insights")
-        failures = [
-            analyse_failures.failed_inferences
-            | "AnalyzeFailed" >> beam.FlatMap(failed_batch_dead_letters, "inference"),
-            built[DEAD_LETTER],
-        ]
-        if reply_failures is not None:
-            failures.append(reply_failures.failed_inferences
-                            | "ReplyFailed" >> beam.FlatMap(failed_batch_dead_letters, "reply"))
-        return {"insights": built.insights, DEAD_LETTER: failures | "ModelDeadLetters" >> beam.Flatten()}
+            | "Analyze" >> self._run_inference())
+        built = (analysed | "Unpack" >> beam.Map(unpack)
+                 | "BuildInsight" >> beam.ParDo(_BuildInsightFn()).with_outputs(DEAD_LETTER, main="insights"))
+        dead = [failures.failed_inferences | "AnalyzeFailed" >> beam.FlatMap(failed_batch_dead_letters, "inference"),
+                built[DEAD_LETTER]]
+        return {"insights": built.insights, DEAD_LETTER: dead | "ModelDeadLetters" >> beam.Flatten()}
 
 
 class AnalyzeChats(beam.PTransform):
@@ -728,7 +701,7 @@ class AnalyzeChats(beam.PTransform):
             raise ValueError(f"mode must be windows or messages, not {config.mode!r}")
         fresh = windows | "Deduplicate" >> DeduplicateWindows(config.dedup_ttl_secs)
         analysed = fresh.windows | "AnalyzeWindows" >> AnalyzeWindows(
-            config.model_stage_settings(), config.reply_for, config.model_tag, config.model_resource_hints())
+            config.model_stage_settings(), config.model_tag, config.model_resource_hints())
         dead = [*invalid, analysed[DEAD_LETTER]] | "DeadLetters" >> beam.Flatten()
         return {"insights": analysed["insights"], DEAD_LETTER: dead, SETTLED: fresh[SETTLED]}
 

@@ -3,8 +3,9 @@
 Trains on `data/train.jsonl` (plus, with `--from-dashboard`, what staff taught the
 dashboard: corrected labels and approved or edited replies), one sequence per chat in the
 one-pass format of `pipeline/model/chat_format.py`, with loss on the answers only. Each
-epoch ends with the loss on `data/dev.jsonl`; the run ends with the dev figures of the
-tuned model (`chatlens eval`'s metrics). An existing adapter at `--out` is replaced only if
+epoch ends with the loss on `data/dev.jsonl`, and the adapter kept is the one of the epoch with
+the lowest dev loss (so `--epochs` is an upper bound chosen on dev); the run ends with the dev
+figures of that adapter (`chatlens eval`'s metrics). An existing adapter at `--out` is replaced only if
 no dev figure falls (`--force` replaces it anyway); the run says which figure fell.
 A checkpoint is written every `--checkpoint-every` steps; `--resume` continues from it.
 """
@@ -49,9 +50,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, default=DEFAULT_ADAPTER,
                         help="adapter file to write, ending in .lora.h5 (default: the shipped adapter)")
     parser.add_argument("--rank", type=int, default=16, help="LoRA rank (default: %(default)s)")
-    parser.add_argument("--learning-rate", type=float, default=5e-4, help="peak learning rate (default: %(default)s)")
-    parser.add_argument("--epochs", type=int, default=2, help="passes over the training data (default: %(default)s)")
-    parser.add_argument("--batch-tokens", type=int, default=8192,
+    parser.add_argument("--learning-rate", type=float, default=1e-3, help="peak learning rate (default: %(default)s)")
+    parser.add_argument("--epochs", type=int, default=2,
+                        help="most passes over the training data; the epoch with the lowest dev loss is kept "
+                             "(default: %(default)s)")
+    parser.add_argument("--batch-tokens", type=int, default=4096,
                         help="padded tokens per batch; batches hold chats of similar length (default: %(default)s)")
     parser.add_argument("--seed", type=int, default=1234, help="seed for LoRA init and batch order (default: %(default)s)")
     parser.add_argument("--limit", type=int, help="train on the first N chats only (a quick try)")
@@ -107,10 +110,11 @@ def run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     cache = args.model_cache or get_settings().cache
     lm, source = load_causal_lm(args.model, cache_dir=cache)
-    from pipeline.model.one_pass import OnePassDecoder
+    from pipeline.model.one_pass import OnePassEngine
 
-    decoder = OnePassDecoder(lm)
-    vocabulary = decoder.vocabulary
+    # The engine the pipeline will run, over the model being tuned: its format and its dev figures.
+    engine = OnePassEngine(lm, f"{source.model_id}+{args.out.name.removesuffix('.lora.h5')}")
+    vocabulary = engine.decoder.vocabulary
     train, data_sha = training_examples(args)
     dev = load_split("dev", args.data_dir)
     encode = lambda e: training_sequence(vocabulary, e.window, e.label, e.summary, e.reply, e.gold)  # noqa: E731
@@ -121,17 +125,20 @@ def run(args: argparse.Namespace) -> int:
     trainer = LoraTrainer(lm.backbone, args.rank, args.learning_rate, total, args.seed)
     args.checkpoint_dir.mkdir(parents=True, exist_ok=True)
     checkpoint = args.checkpoint_dir / "checkpoint.npz"
+    best_epoch = args.checkpoint_dir / "best-epoch.npz"  # the adapter of the lowest dev loss so far
     progress = {"step": 0, "history": []}
+    if not args.resume:
+        best_epoch.unlink(missing_ok=True)  # from an earlier run
     if args.resume and checkpoint.exists():
         arrays = dict(np.load(checkpoint))
         progress = json.loads(str(arrays.pop("progress")))
         trainer.restore(arrays)
         print(f"resumed at step {progress['step']} of {total}", file=sys.stderr)
 
-    def save_checkpoint() -> None:
-        partial = checkpoint.with_suffix(".tmp.npz")
-        np.savez(partial, progress=json.dumps(progress), **trainer.state())
-        partial.replace(checkpoint)
+    def save(path: Path, **extra) -> None:
+        partial = path.with_suffix(".tmp.npz")
+        np.savez(partial, progress=json.dumps(progress), **trainer.state(), **extra)
+        partial.replace(path)
 
     with tqdm(total=total, initial=progress["step"], desc="tune", unit="step", file=sys.stderr) as bar:
         for epoch in range(progress["step"] // epoch_steps, args.epochs):
@@ -139,26 +146,37 @@ def run(args: argparse.Namespace) -> int:
             done_in_epoch = progress["step"] - epoch * epoch_steps
             losses, tokens, clock = [], 0, time.perf_counter()
             for _, batch in itertools.islice(batches, done_in_epoch, None):
+                began = time.perf_counter()
                 losses.append(trainer.step(batch))
+                progress["train_seconds"] = progress.get("train_seconds", 0.0) + time.perf_counter() - began
                 tokens += int(batch.padding_mask.sum())
                 progress["step"] += 1
                 bar.set_postfix(epoch=epoch + 1, loss=f"{np.mean(losses[-20:]):.3f}",
                                 tok_s=f"{tokens / (time.perf_counter() - clock):.0f}")
                 bar.update()
                 if progress["step"] % args.checkpoint_every == 0:
-                    save_checkpoint()
+                    save(checkpoint)
             dev_loss = trainer.loss(batch for _, batch in epoch_batches(dev_seqs, args.batch_tokens, 0))
             progress["history"].append({"epoch": epoch + 1, "train_loss": round(float(np.mean(losses)), 4) if losses else None,
                                         "dev_loss": round(dev_loss, 4)})
             print(f"epoch {epoch + 1}: train loss {progress['history'][-1]['train_loss']}, dev loss {dev_loss:.4f}",
                   file=sys.stderr)
-            save_checkpoint()
+            if dev_loss <= min(h["dev_loss"] for h in progress["history"]):
+                save(best_epoch)
+            save(checkpoint)
+    if best_epoch.exists():
+        arrays = dict(np.load(best_epoch))
+        chosen = json.loads(str(arrays.pop("progress")))["history"][-1]["epoch"]
+        trainer.restore(arrays)
+    else:  # trained before epochs were chosen on dev: the last one
+        chosen = progress["history"][-1]["epoch"]
+    print(f"keeping epoch {chosen} (lowest dev loss)", file=sys.stderr)
     trainer.sync()
-    from pipeline.evaluate import decoder_predictions, score_system
+    from pipeline.evaluate import engine_predictions, score_system
 
     dev_scored = dev[: args.dev_limit] if args.dev_limit else dev
     with tqdm(total=len(dev_scored), desc="dev figures", unit="chat", file=sys.stderr) as bar:
-        predictions = decoder_predictions(decoder, dev_scored, 8, bar.update)
+        predictions = engine_predictions(engine, dev_scored, 8, bar.update)
     figures, _ = score_system(dev_scored, predictions)
     manifest = {
         "adapter": args.out.name,
@@ -168,11 +186,13 @@ def run(args: argparse.Namespace) -> int:
                           "sha256": data_sha, "chats": len(train)},
         "hyperparameters": {"rank": args.rank, "learning_rate": args.learning_rate, "epochs": args.epochs,
                             "batch_tokens": args.batch_tokens, "optimizer": "AdamW, cosine decay, 5% warm-up",
-                            "max_prompt_tokens": decoder.max_prompt_tokens},
+                            "max_prompt_tokens": engine.decoder.max_prompt_tokens},
         "seed": args.seed,
         "history": progress["history"],
+        "chosen_epoch": chosen,
         "dev": {"chats": len(dev_scored), **figures},
-        "wall_seconds": round(time.perf_counter() - started, 1),
+        "train_seconds": round(progress.get("train_seconds", 0.0), 1),  # optimizer steps, over every --resume
+        "wall_seconds": round(time.perf_counter() - started, 1),  # this run: loading, training, dev figures
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
                     "devices": sorted({d.device_kind for d in __import__("jax").devices()})},
         "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),

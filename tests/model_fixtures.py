@@ -14,12 +14,12 @@ from typing import Any
 
 import pytest
 
-from pipeline.model.sources import GGUF_SPEC, ModelSource, resolve_model
+from pipeline.model.sources import BASE_SPEC, GGUF_SPEC, ModelSource, resolve_model
 
 
 @lru_cache(maxsize=None)
-def _source(cache_dir: Path) -> ModelSource:
-    return resolve_model(GGUF_SPEC, cache_dir)
+def _source(cache_dir: Path, spec: str) -> ModelSource:
+    return resolve_model(spec, cache_dir)
 
 
 @lru_cache(maxsize=None)
@@ -36,19 +36,26 @@ def model_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def gemma_source(model_cache: Path) -> ModelSource:
-    return _source(model_cache)
+    """The default model, `gemma3-270m`: the embedded Gemma with ChatLens's adapter merged in."""
+    return _source(model_cache, GGUF_SPEC)
+
+
+@pytest.fixture(scope="session")
+def base_source(model_cache: Path) -> ModelSource:
+    """`gemma3-270m-base`: the embedded Gemma as converted from the GGUF, untuned."""
+    return _source(model_cache, BASE_SPEC)
 
 
 @pytest.fixture(scope="session")
 def gemma_preset(gemma_source: ModelSource) -> Path:
-    """Directory of the converted keras-hub preset."""
+    """Directory of the default model's keras-hub preset."""
     return Path(gemma_source.preset)
 
 
 @pytest.fixture(scope="session")
-def gemma_lm(gemma_source: ModelSource) -> Any:
-    """The loaded float32 `Gemma3CausalLM`; shared, so do not recompile or mutate it in tests."""
-    return _causal_lm(gemma_source)
+def gemma_lm(base_source: ModelSource) -> Any:
+    """The loaded float32 untuned `Gemma3CausalLM`; shared, so do not recompile or mutate it in tests."""
+    return _causal_lm(base_source)
 
 
 def copy_preset(source: Path, target: Path, model_id: str) -> Path:

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from chatlens.contracts import MAX_SUMMARY_CHARS, ChatMessage, ChatWindow
-from model_fixtures import gemma_lm, gemma_preset, gemma_source, model_cache  # noqa: F401
+from model_fixtures import base_source, gemma_lm, model_cache  # noqa: F401
+from pipeline.model.sources import BASE_SPEC
 
 pytestmark = pytest.mark.slow
 T0 = datetime(2026, 11, 2, 9, 0, tzinfo=timezone.utc)
@@ -33,11 +34,11 @@ ARABIC = window("arabic", "الطلب وصل متأخر جدا والأكل با
 
 
 @pytest.fixture(scope="module")
-def engine(gemma_lm, gemma_source):  # noqa: F811
+def engine(gemma_lm, base_source):  # noqa: F811
     from pipeline.model.engine import GemmaEngine
     from pipeline.prompts import load_prompts
 
-    return GemmaEngine(gemma_lm, gemma_source.model_id, load_prompts("completion"))
+    return GemmaEngine(gemma_lm, base_source.model_id, load_prompts("completion"))
 
 
 def test_calibration_bias_is_measured_on_content_free_input(engine):
@@ -118,7 +119,7 @@ def test_handler_loads_from_the_cache_and_runs_a_keyed_batch(model_cache):  # no
 
     from pipeline.model.handler import GemmaModelHandler
 
-    handler = GemmaModelHandler(cache_dir=model_cache, large_model=False, max_batch_size=4)
+    handler = GemmaModelHandler(BASE_SPEC, cache_dir=model_cache, large_model=False, max_batch_size=4, reply_for="all")
     assert handler.batch_elements_kwargs()["max_batch_size"] == 4
     assert GemmaModelHandler().share_model_across_processes()  # one model per machine by default
     keyed = KeyedModelHandler(handler)
@@ -126,6 +127,4 @@ def test_handler_loads_from_the_cache_and_runs_a_keyed_batch(model_cache):  # no
     [result] = keyed.run_inference([("angry", ANGRY)], model)
     key, prediction = result
     assert key == "angry" and prediction.example == ANGRY and prediction.inference.sentiment == -1
-    reply_handler = KeyedModelHandler(GemmaModelHandler(cache_dir=model_cache, task="reply", large_model=False))
-    [(_, replied)] = reply_handler.run_inference([("angry", (ANGRY, prediction.inference))], model)
-    assert replied.inference.reply_draft and replied.inference.summary == prediction.inference.summary
+    assert prediction.inference.reply_draft.startswith("Dear customer")  # reply_for="all": drafted in the same call

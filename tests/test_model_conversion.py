@@ -21,7 +21,7 @@ import sentencepiece as spm
 
 from model_fixtures import gemma_lm, gemma_source, model_cache  # noqa: F401  (fixtures)
 from pipeline.model.gguf_convert import CONVERTER_VERSION, _heads_in, _heads_out, read_metadata, tokenizer_proto
-from pipeline.model.sources import GGUF_SPEC, MARKER, ModelSpecError, bundled_gguf, load_causal_lm, resolve_model
+from pipeline.model.sources import BASE_SPEC, GGUF_SPEC, MARKER, ModelSpecError, bundled_gguf, load_causal_lm, resolve_model
 from pipeline.model.spm_proto import model_proto_class
 
 PROSE = (
@@ -156,19 +156,19 @@ def test_stale_or_interrupted_conversion_is_redone(tmp_path, monkeypatch):
 
     monkeypatch.setattr("pipeline.model.gguf_convert.convert_gguf", fake_convert)
     with pytest.raises(KeyboardInterrupt):
-        resolve_model(GGUF_SPEC, tmp_path)
+        resolve_model(BASE_SPEC, tmp_path)
     models = tmp_path / "models"
     assert [p.name for p in models.iterdir()] == [".convert.lock"]
 
-    first = resolve_model(GGUF_SPEC, tmp_path)
+    first = resolve_model(BASE_SPEC, tmp_path)
     assert first.converted and first.model_id.startswith("gemma3-270m-q4_k_m@") and not first.instruction_tuned
     assert Path(first.preset).stat().st_mode & 0o777 == 0o755  # readable by other users of a baked image
     marker = Path(first.preset) / MARKER
     assert json.loads(marker.read_text())["converter_version"] == CONVERTER_VERSION
-    assert not resolve_model(GGUF_SPEC, tmp_path).converted
+    assert not resolve_model(BASE_SPEC, tmp_path).converted
 
     marker.write_text(json.dumps({**json.loads(marker.read_text()), "converter_version": CONVERTER_VERSION - 1}))
-    assert resolve_model(GGUF_SPEC, tmp_path).converted
+    assert resolve_model(BASE_SPEC, tmp_path).converted
     assert len(calls) == 3
 
 

@@ -50,9 +50,9 @@ def test_model_sharing_follows_the_runner():
     assert config_from("--runner", "DataflowRunner").large_model  # one copy per VM for all SDK processes
     assert config_from("--runner", "DataflowRunner", "--model-sharing", "process").large_model is False
     assert config_from("--model-sharing", "machine").large_model
-    [analyze, reply] = run_inference_transforms(config_from("--runner", "DataflowRunner"))
+    [analyze] = run_inference_transforms(config_from("--runner", "DataflowRunner"))  # one model stage
     assert analyze._model_handler.share_model_across_processes()
-    [analyze, reply] = run_inference_transforms(config_from())
+    [analyze] = run_inference_transforms(config_from())
     assert not analyze._model_handler.share_model_across_processes()
 
 
@@ -83,8 +83,7 @@ def test_tenant_models_route_through_keyed_model_mappings():
     untenanted = parse_window(window_json("c3", [("customer", "hi")]))
     assert [stage.route(c) for c in (chat, other, untenanted)] == ["quickbite", DEFAULT_ROUTE, DEFAULT_ROUTE]
 
-    [analyze, reply] = run_inference_transforms(config)
-    for transform in (analyze, reply):
+    for transform in run_inference_transforms(config):
         handler = transform._model_handler
         assert isinstance(handler, TenantModelHandler)
         assert handler._max_models_per_worker_hint == 2
@@ -98,12 +97,10 @@ def test_tenant_models_route_through_keyed_model_mappings():
 def test_model_watch_uses_beams_side_input_on_dataflow_and_the_handler_locally():
     pattern = "gs://models/presets/*/config.json"
     dataflow = config_from("--runner", "DataflowRunner", "--model-watch", pattern, "--model-watch-interval-secs", "30")
-    [analyze, reply] = run_inference_transforms(dataflow)
-    for transform in (analyze, reply):
-        assert transform._watch_model_pattern == pattern and transform._kwargs["interval"] == 30
-        assert transform._model_handler._unkeyed._watch_pattern is None
-    [analyze, reply] = run_inference_transforms(config_from("--model-watch", pattern))
-    for transform in (analyze, reply):
+    [transform] = run_inference_transforms(dataflow)
+    assert transform._watch_model_pattern == pattern and transform._kwargs["interval"] == 30
+    assert transform._model_handler._unkeyed._watch_pattern is None
+    for transform in run_inference_transforms(config_from("--model-watch", pattern)):
         assert transform._watch_model_pattern is None  # the BundleBasedDirectRunner cannot run it
         assert transform._model_handler._unkeyed._watch_pattern == pattern
 
@@ -158,12 +155,11 @@ def test_remote_stage_options_build_the_openai_handler():
         config_from("--model-stage", "remote")
     config = config_from("--model-stage", "remote", "--remote-url", "http://vllm:8000/v1",
                          "--remote-model", "google/gemma-3-4b-it", "--max-batch-size", "16")
-    [analyze, reply] = run_inference_transforms(config)
-    for transform, task in ((analyze, "analyze"), (reply, "reply")):
-        handler = transform._model_handler
-        assert isinstance(handler, KeyedModelHandler) and isinstance(handler._unkeyed, OpenAIChatModelHandler)
-        assert handler._unkeyed._task == task and handler._unkeyed._base_url == "http://vllm:8000/v1"
-        assert handler.batch_elements_kwargs()["max_batch_size"] == 16
-        assert transform._model_tag.endswith("-remote")  # never attaches to a loaded Gemma
+    [transform] = run_inference_transforms(config)
+    handler = transform._model_handler
+    assert isinstance(handler, KeyedModelHandler) and isinstance(handler._unkeyed, OpenAIChatModelHandler)
+    assert handler._unkeyed._reply_for == "negative" and handler._unkeyed._base_url == "http://vllm:8000/v1"
+    assert handler.batch_elements_kwargs()["max_batch_size"] == 16
+    assert transform._model_tag.endswith("-remote")  # never attaches to a loaded Gemma
     assert ModelStage(kind="remote", remote_url="http://x/v1", remote_model="m").route(
         parse_window(window_json("c1", [("customer", "hi")], tenant="t"))) == DEFAULT_ROUTE

@@ -345,7 +345,7 @@ def test_pipeline_options_defaults_validation_and_beam_pass_through():
         PipelineConfig(project="chatlens-test", min_batch_size=4, max_batch_size=2)
 
 
-def test_graph_shares_one_model_and_puts_resource_hints_on_the_model_stages():
+def test_graph_has_one_model_stage_with_the_shared_model_and_resource_hints():
     from apache_beam.options.pipeline_options import PipelineOptions
 
     from pipeline.streaming import build
@@ -356,7 +356,7 @@ def test_graph_shares_one_model_and_puts_resource_hints_on_the_model_stages():
     outputs = build(pipeline, config)
     assert set(outputs) == {"envelopes", "insights", DEAD_LETTER, SETTLED}
     stages = run_inference_nodes(pipeline)
-    assert [node.full_label.rsplit("/", 1)[1] for node in stages] == ["Analyze", "Reply"]
+    assert [node.full_label.rsplit("/", 1)[1] for node in stages] == ["Analyze"]  # replies in the same stage
     assert {node.transform._model_tag for node in stages} == {config.model_tag}
     for node in stages:
         assert node.resource_hints == {"beam:resources:accelerator:v1": b"type:nvidia-l4;count:1",
@@ -387,7 +387,7 @@ def test_analyze_windows_with_the_real_model(real_handler):
     started = time.monotonic()
     with streaming_test_pipeline() as p:
         valid = p | stream | ValidateWindows()
-        out = valid.windows | AnalyzeWindows(real_handler, reply_for="negative", model_tag="test-shared-model")
+        out = valid.windows | AnalyzeWindows(real_handler, model_tag="test-shared-model")
         capture(out["insights"], insights, "insights")
         capture(out[DEAD_LETTER], dead, "dead")
     print(f"analysed {len(insights)} windows in {time.monotonic() - started:.1f} s")
@@ -417,7 +417,8 @@ def test_tenants_with_their_own_model_get_it(real_handler, second_preset, gemma_
     """--tenant-models: Beam's KeyedModelHandler routes quickbite's chats to the second preset."""
     from dataclasses import replace
 
-    stage = replace(real_handler, tenant_models=(("quickbite", str(second_preset)),), max_models_per_worker=2)
+    stage = replace(real_handler, tenant_models=(("quickbite", str(second_preset)),), max_models_per_worker=2,
+                    reply_for="none")
     windows = [window_json(f"t-{tenant}-{n}", [("customer", text)], tenant=tenant)
                for n, (tenant, text) in enumerate([("quickbite", "My pizza arrived cold and late."),
                                                    ("telnova", "Thanks, the router works now!"),
@@ -430,7 +431,7 @@ def test_tenants_with_their_own_model_get_it(real_handler, second_preset, gemma_
     insights, dead = [], []
     with streaming_test_pipeline() as p:
         valid = p | stream | ValidateWindows()
-        out = valid.windows | AnalyzeWindows(stage, reply_for="none", model_tag="test-tenant-models")
+        out = valid.windows | AnalyzeWindows(stage, model_tag="test-tenant-models")
         capture(out["insights"], insights, "insights", lambda o: o.message)
         capture(out[DEAD_LETTER], dead, "dead")
     assert not dead, [d.message for d in dead]
@@ -492,7 +493,7 @@ def test_model_stage_noop_option_and_baseline_handler():
         PipelineConfig(project="chatlens-test", model_stage="fast")
 
     chat = parse_window(e2e_windows()[0])
-    handler = NoopModelHandler(task="analyze", large_model=False)
+    handler = NoopModelHandler(large_model=False)
     [result] = handler.run_inference([chat], handler.load_model())
     analysis = result.inference
     assert isinstance(analysis, WindowAnalysis) and analysis.sentiment == 0 and sum(analysis.scores) == 1
@@ -501,14 +502,15 @@ def test_model_stage_noop_option_and_baseline_handler():
     insight = build_insight(origin, chat, analysis)
     ChatInsight.model_validate_json(insight.model_dump_json())
     assert insight.sentiment == 0 and insight.model_id == NOOP_MODEL_ID and NOOP_FLAG in insight.flags
-    reply = NoopModelHandler(task="reply", large_model=False)
-    [drafted] = reply.run_inference([(chat, analysis)], reply.load_model())
+    assert analysis.reply_draft is None  # neutral: --reply-for negative drafts nothing
+    reply = NoopModelHandler(large_model=False, reply_for="all")
+    [drafted] = reply.run_inference([chat], reply.load_model())
     assert drafted.inference.reply_draft and drafted.inference.scores == analysis.scores
 
-    # in the graph: both model stages run the baseline, under a tag of their own
+    # in the graph: the model stage runs the baseline, under a tag of its own
     pipeline = beam.Pipeline(options=PipelineOptions(streaming=True, project="chatlens-test"))
     build(pipeline, PipelineConfig(project="chatlens-test", runner="DataflowRunner", model_stage="noop"))
     stages = [node.transform for node in run_inference_nodes(pipeline)]
-    assert len(stages) == 2
+    assert len(stages) == 1
     assert all(isinstance(t._model_handler._unkeyed, NoopModelHandler) for t in stages)
     assert {t._model_tag for t in stages} == {f"{config.model_tag}-noop"}

@@ -98,7 +98,7 @@ def test_one_pass_equals_separate_scoring_and_generation(tiny_lm, chats):  # noq
     decoder = OnePassDecoder(tiny_lm, summary_tokens=5, reply_tokens=4)
     v = decoder.vocabulary
     windows = [chats[0].window, chats[3].window]  # different lengths: left padding in one batch
-    outputs = decoder._run_group([v.prompt(w)[0] for w in windows], [True, True])
+    outputs = decoder._run_group([v.prompt(w)[0] for w in windows], ["all", "all"])
     for window, output in zip(windows, outputs):
         prompt = v.prompt(window)[0]
         ids = np.array([prompt], "int32")
@@ -116,4 +116,39 @@ def test_one_pass_equals_separate_scoring_and_generation(tiny_lm, chats):  # noq
         assert output["summary_tokens"] == len([t for t in summary if t not in (v.summary_end, v.eos)])
         assert output["reply_tokens"] == len([t for t in reply if t not in (v.summary_end, v.eos)])
         assert output["summary"] == decoder._finish(summary, "summary")
-        assert output["reply"] == decoder._finish(reply, "reply")
+        assert output["reply"] == (None if summary[-1] == v.eos else decoder._finish(reply, "reply"))
+
+
+def test_reply_for_negative_replies_where_the_label_comes_out_negative(tiny_lm, chats):  # noqa: F811
+    decoder = OnePassDecoder(tiny_lm, summary_tokens=3, reply_tokens=2)
+    outputs = decoder.run([c.window for c in chats], ["negative"] * len(chats))
+    negative = [max(range(3), key=o.probabilities.__getitem__) == 0 for o in outputs]
+    assert [o.reply is not None for o in outputs] == negative
+    assert all(o.reply is None for o in decoder.run([c.window for c in chats], ["none"] * len(chats)))
+    with pytest.raises(ValueError, match="reply_for"):
+        decoder.run([chats[0].window], ["sometimes"])
+
+
+def test_an_adapter_is_merged_once_into_a_cached_preset_that_gives_the_tuned_logits(model_cache, tmp_path):  # noqa: F811
+    from pipeline.model.sources import ModelSpecError, resolve_model
+
+    base_dir = tmp_path / "tiny-base"
+    tiny_gemma_lm(model_cache).save_to_preset(str(base_dir))
+    tuned = tiny_gemma_lm(model_cache)
+    tuned.backbone.enable_lora(4)
+    for variable in tuned.backbone.trainable_variables:  # a LoRA that changes something (B starts at zero)
+        variable.assign(np.random.default_rng(0).normal(0, 0.5, variable.shape).astype("float32"))
+    adapter = tmp_path / "support-v1.lora.h5"
+    tuned.backbone.save_lora_weights(str(adapter))
+
+    source = resolve_model(str(base_dir), tmp_path / "cache", adapter=adapter)
+    assert source.converted and source.tuned and source.model_id.startswith("tiny-base+support-v1@")
+    merged = source.load()
+    assert not any("lora" in w.path for w in merged.backbone.weights)  # folded in: no LoRA cost per token
+    ids = np.array([[2, 651, 6037, 563, 496, 1638]], "int32")
+    inputs = {"token_ids": ids, "padding_mask": np.ones_like(ids, bool)}
+    np.testing.assert_allclose(np.asarray(merged.backbone(inputs)), np.asarray(tuned.backbone(inputs)), atol=1e-4)
+    again = resolve_model(str(base_dir), tmp_path / "cache", adapter=adapter)
+    assert not again.converted and again.preset == source.preset  # merged once, then loaded from the cache
+    with pytest.raises(ModelSpecError, match="lora.h5"):
+        resolve_model(str(base_dir), tmp_path / "cache", adapter=tmp_path / "missing.lora.h5")

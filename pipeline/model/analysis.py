@@ -6,10 +6,26 @@ post-processing, the remote handler) does not import JAX and Keras.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from chatlens.contracts import ChatWindow
+
+REPLY_FOR = ("negative", "all", "none")
+"""Which chats get a reply draft: negative ones, all, or none (`--reply-for`)."""
+
+
+def wants_reply(reply_for: str, sentiment: int) -> bool:
+    return reply_for == "all" or (reply_for == "negative" and sentiment < 0)
+
+
+def reply_policies(reply_for: str | Sequence[str], count: int) -> list[str]:
+    """One `reply_for` per window: the same policy for all, or one given per window."""
+    policies = [reply_for] * count if isinstance(reply_for, str) else list(reply_for)
+    if len(policies) != count or not set(policies) <= set(REPLY_FOR):
+        raise ValueError(f"reply_for needs {count} values from {REPLY_FOR}, not {reply_for!r}")
+    return policies
 
 
 @dataclass(frozen=True)
@@ -47,12 +63,3 @@ def window_of(element: Any) -> ChatWindow:
             continue
     raise TypeError(f"no ChatWindow in {type(element).__name__}")
 
-
-def reply_input(element: Any) -> tuple[ChatWindow, WindowAnalysis]:
-    """The (ChatWindow, WindowAnalysis) pair of a 'reply' example, tagged or not."""
-    if isinstance(element, tuple) and len(element) == 2:
-        if isinstance(element[0], ChatWindow) and isinstance(element[1], WindowAnalysis):
-            return element
-        if isinstance(element[1], tuple):
-            return reply_input(element[1])
-    raise TypeError("task 'reply' takes (ChatWindow, WindowAnalysis) pairs, optionally as (tag, pair)")

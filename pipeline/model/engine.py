@@ -30,7 +30,7 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
 from chatlens.contracts import MAX_REPLY_CHARS, MAX_SUMMARY_CHARS, ChatWindow
-from pipeline.model.analysis import WindowAnalysis  # noqa: F401  (re-exported)
+from pipeline.model.analysis import WindowAnalysis, reply_policies, wants_reply
 from pipeline.model.generation import (
     BATCH_BUCKETS,
     LENGTH_BUCKETS,
@@ -87,6 +87,7 @@ class GemmaEngine:
         self.lm = causal_lm
         self.model_id = model_id
         self.prompts = prompts
+        self.prompt_version = prompts.version
         self.config = config
         self.stats = EngineStats()
         self.tokenizer = causal_lm.preprocessor.tokenizer
@@ -104,18 +105,25 @@ class GemmaEngine:
 
     @classmethod
     def load(cls, spec: str, cache_dir: str | None = None, prompt_variant: str | None = None,
-             config: EngineConfig | None = None) -> GemmaEngine:
-        """Load a model by spec ('gemma3-270m', a preset directory or handle) with its prompts.
+             config: EngineConfig | None = None, adapter: str | None = None):
+        """The engine for a model spec ('gemma3-270m', a preset directory or handle, + an adapter).
 
-        The prompt variant follows the model's kind unless given: few-shot completion
-        prompts for pre-trained models, chat-template prompts for instruction-tuned ones.
+        A model tuned by ChatLens gets the one-pass engine (pipeline/model/one_pass.py). Other
+        models get this prompted engine; its prompt variant follows the model's kind unless
+        given: few-shot completion prompts for pre-trained models, chat-template prompts for
+        instruction-tuned ones.
         """
         from pipeline.model.sources import load_causal_lm
         from pipeline.prompts import load_prompts
 
-        causal_lm, source = load_causal_lm(spec, cache_dir=cache_dir)
+        causal_lm, source = load_causal_lm(spec, cache_dir=cache_dir, adapter=adapter)
+        config = config or EngineConfig()
+        if source.tuned:
+            from pipeline.model.one_pass import OnePassEngine
+
+            return OnePassEngine(causal_lm, source.model_id, max_prompt_tokens=config.max_prompt_tokens)
         variant = prompt_variant or ("chat" if source.instruction_tuned else "completion")
-        return cls(causal_lm, source.model_id, load_prompts(variant), config or EngineConfig())
+        return cls(causal_lm, source.model_id, load_prompts(variant), config)
 
     # ---- tokens -------------------------------------------------------------------------
     def tokenize(self, text: str) -> list[int]:
@@ -367,8 +375,17 @@ class GemmaEngine:
         with self._lock:
             return [tuple(float(s) for s in row) for row in self.sentiment(windows)]  # type: ignore[misc]
 
-    def analyze(self, windows: Sequence[ChatWindow]) -> list[WindowAnalysis]:
-        """Sentiment (one scoring pass) and summary (one batched generation) for each window."""
+    def analyze(self, windows: Sequence[ChatWindow], reply_for: str | Sequence[str] = "none") -> list[WindowAnalysis]:
+        """Sentiment (one scoring pass) and summary (one batched generation) for each window, then
+        reply drafts (one more generation) where `reply_for` (one policy, or one per window) selects."""
+        analyses = self._analyze(windows)
+        policies = reply_policies(reply_for, len(windows))
+        wanted = [i for i, (a, policy) in enumerate(zip(analyses, policies)) if wants_reply(policy, a.sentiment)]
+        for i, (draft, flags) in zip(wanted, self.draft_replies([windows[i] for i in wanted]) if wanted else ()):
+            analyses[i] = replace(analyses[i], reply_draft=draft, flags=analyses[i].flags + flags)
+        return analyses
+
+    def _analyze(self, windows: Sequence[ChatWindow]) -> list[WindowAnalysis]:
         with self._lock:
             started = time.perf_counter()
             scores = self.sentiment(windows)
@@ -388,7 +405,7 @@ class GemmaEngine:
                     scores=tuple(float(s) for s in window_scores),  # type: ignore[arg-type]
                     summary=text,
                     model_id=self.model_id,
-                    prompt_version=self.prompts.version,
+                    prompt_version=self.prompt_version,
                     flags=flags,
                 )
             )

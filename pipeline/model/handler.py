@@ -8,8 +8,8 @@ One model per machine, two ways:
   stages that pass the same `model_identifier` share the loaded engine.
 - `large_model=False` (local runners, which run the whole job in one process): one engine
   per model spec per process, shared by every stage and thread through a process-wide
-  Beam `shared.Shared` (RunInference's own in-process cache is per DoFn, so the analysis
-  and reply stages would each load a copy). No manager server, no proxies.
+  Beam `shared.Shared` (RunInference's own in-process cache is per DoFn, so two stages or
+  two pipelines in one process would each load a copy). No manager server, no proxies.
 
 Keras and XLA settings are applied in `load_model`, because that is the process that
 imports JAX, not the process that builds the pipeline.
@@ -21,19 +21,18 @@ import logging
 import os
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from apache_beam.ml.inference.base import ModelHandler, PredictionResult
 from apache_beam.utils import shared
 
-from pipeline.model.analysis import reply_input, window_of
+from pipeline.model.analysis import REPLY_FOR, window_of
 from pipeline.model.watch import PresetWatch, preset_of
 
 log = logging.getLogger(__name__)
 
-TASKS = ("analyze", "reply", "sentiment")
+TASKS = ("analyze", "sentiment")
 LENGTH_BUCKET_BOUNDARIES = [256, 1024, 4096, 16384]  # characters of chat text
 
 DEFAULT_ENV = {
@@ -60,11 +59,12 @@ def chat_length(element: Any) -> int:
 
 
 class GemmaModelHandler(ModelHandler[Any, Any, Any]):
-    """Analyses ChatWindows (task 'analyze') or drafts replies to them (task 'reply').
+    """Analyses ChatWindows: sentiment, summary and, where `reply_for` selects it, a reply draft.
 
-    - analyze: ChatWindow -> WindowAnalysis (calibrated sentiment scores and a summary).
-    - reply:   (ChatWindow, WindowAnalysis) -> WindowAnalysis with `reply_draft` set.
-    - sentiment: ChatWindow -> calibrated (P(negative), P(neutral), P(positive)); for evaluation.
+    - analyze: ChatWindow -> WindowAnalysis (sentiment scores, summary, `reply_draft` for the
+      chats `reply_for` selects: 'negative', 'all' or 'none'). A model tuned by ChatLens does
+      all of it in one pass per chat; an untuned one is prompted per output.
+    - sentiment: ChatWindow -> (P(negative), P(neutral), P(positive)); for evaluation.
 
     Examples may be tagged, `(tag, input)`: the tag rides along in the PredictionResult's
     example. Each batch is one call into the engine, which batches on the model itself.
@@ -77,6 +77,8 @@ class GemmaModelHandler(ModelHandler[Any, Any, Any]):
         model: str = "gemma3-270m",
         *,
         task: str = "analyze",
+        reply_for: str = "negative",
+        adapter: str | Path | None = None,
         cache_dir: str | Path | None = None,
         prompt_variant: str | None = None,
         engine_config: Any = None,
@@ -91,6 +93,8 @@ class GemmaModelHandler(ModelHandler[Any, Any, Any]):
     ):
         if task not in TASKS:
             raise ValueError(f"task must be one of {TASKS}, not {task!r}")
+        if reply_for not in REPLY_FOR:
+            raise ValueError(f"reply_for must be one of {REPLY_FOR}, not {reply_for!r}")
         length_kwargs = {}
         if max_batch_duration_secs:  # Beam's length-aware batching needs a batch deadline.
             length_kwargs = {"batch_length_fn": chat_length, "batch_bucket_boundaries": LENGTH_BUCKET_BOUNDARIES}
@@ -105,6 +109,8 @@ class GemmaModelHandler(ModelHandler[Any, Any, Any]):
         )
         self._model = model
         self._task = task
+        self._reply_for = reply_for
+        self._adapter = str(adapter) if adapter else None
         self._cache_dir = str(cache_dir) if cache_dir else None
         self._prompt_variant = prompt_variant
         self._engine_config = engine_config
@@ -124,7 +130,7 @@ class GemmaModelHandler(ModelHandler[Any, Any, Any]):
 
     def _process_engine(self, spec: str):
         """The engine for `spec` shared by every stage and thread of this process, loaded once."""
-        tag = "|".join(map(str, (spec, self._cache_dir, self._prompt_variant, self._engine_config)))
+        tag = "|".join(map(str, (spec, self._adapter, self._cache_dir, self._prompt_variant, self._engine_config)))
         return _ENGINES.acquire(lambda: self._load_engine(spec), tag=tag)
 
     def _load_engine(self, spec: str):
@@ -132,9 +138,8 @@ class GemmaModelHandler(ModelHandler[Any, Any, Any]):
         from pipeline.model.engine import GemmaEngine  # imports JAX: only in the loading process
 
         log.info("loading %s for RunInference (pid %d)", spec, os.getpid())
-        return GemmaEngine.load(
-            spec, cache_dir=self._cache_dir, prompt_variant=self._prompt_variant, config=self._engine_config
-        )
+        return GemmaEngine.load(spec, cache_dir=self._cache_dir, prompt_variant=self._prompt_variant,
+                                config=self._engine_config, adapter=self._adapter)
 
     def _current(self, model: Any) -> Any:
         """The engine to use: `model`, unless the preset watch found a newer preset."""
@@ -155,15 +160,7 @@ class GemmaModelHandler(ModelHandler[Any, Any, Any]):
         if self._task == "sentiment":
             scores = model.classify([window_of(example) for example in batch])
             return [PredictionResult(example, score) for example, score in zip(batch, scores)]
-        if self._task == "analyze":
-            analyses = model.analyze([window_of(example) for example in batch])
-        else:
-            pairs = [reply_input(example) for example in batch]
-            drafts = model.draft_replies([window for window, _ in pairs])
-            analyses = [
-                replace(analysis, reply_draft=draft, flags=analysis.flags + flags)
-                for (_, analysis), (draft, flags) in zip(pairs, drafts)
-            ]
+        analyses = model.analyze([window_of(example) for example in batch], self._reply_for)
         return [PredictionResult(example, analysis, analysis.model_id) for example, analysis in zip(batch, analyses)]
 
     def get_num_bytes(self, batch: Sequence[Any]) -> int:

@@ -9,7 +9,7 @@ It is GemmaModelHandler with the engine swapped for `NoopModel`: the same batchi
 (min/max batch size, batch deadline, length buckets), the same `large_model` sharing
 (one model server process, every call through its proxy), the same `run_inference`
 and metrics namespace; only the model call itself does nothing. Every window gets the
-same neutral analysis (so no reply stage runs under `--reply-for negative`), with
+same neutral analysis (so no reply is drafted under `--reply-for negative`), with
 model_id `noop-baseline` and the flag `noop_model_stage`, so its insights can never pass
 for real ones. Never the default; never use it for real traffic.
 """
@@ -19,9 +19,10 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Sequence
+from dataclasses import replace
 
 from chatlens.contracts import ChatWindow
-from pipeline.model.analysis import WindowAnalysis
+from pipeline.model.analysis import WindowAnalysis, reply_policies, wants_reply
 from pipeline.model.handler import GemmaModelHandler
 
 log = logging.getLogger(__name__)
@@ -41,15 +42,14 @@ NOOP_REPLY = "(no reply drafted: --model-stage noop benchmarking baseline)"
 
 
 class NoopModel:
-    """The engine's interface (analyze, draft_replies, classify), answering at once."""
+    """The engine's interface (analyze, classify), answering at once."""
 
     model_id = NOOP_MODEL_ID
 
-    def analyze(self, windows: Sequence[ChatWindow]) -> list[WindowAnalysis]:
-        return [NOOP_ANALYSIS] * len(windows)
-
-    def draft_replies(self, windows: Sequence[ChatWindow]) -> list[tuple[str | None, tuple[str, ...]]]:
-        return [(NOOP_REPLY, ())] * len(windows)
+    def analyze(self, windows: Sequence[ChatWindow], reply_for: str | Sequence[str] = "none") -> list[WindowAnalysis]:
+        replied = replace(NOOP_ANALYSIS, reply_draft=NOOP_REPLY)
+        return [replied if wants_reply(policy, NOOP_ANALYSIS.sentiment) else NOOP_ANALYSIS
+                for policy in reply_policies(reply_for, len(windows))]
 
     def classify(self, windows: Sequence[ChatWindow]) -> list[tuple[float, float, float]]:
         return [NEUTRAL_SCORES] * len(windows)

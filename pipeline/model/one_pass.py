@@ -4,8 +4,9 @@ For a batch of chats (left-padded, one length group):
 1. the prompts are prefilled once into one attention cache; the label probabilities are
    the three label tokens' probabilities at the prompt's end, renormalised;
 2. each row is fed its label token and the summary cue, then decodes its summary greedily;
-3. a row whose reply is wanted is fed the reply cue as soon as its summary ends and decodes
-   the reply on the same cache; other rows stop there.
+3. a row whose reply is wanted (`reply_for`: always, or where its label came out negative)
+   is fed the reply cue as soon as its summary ends and decodes the reply on the same cache;
+   other rows stop there.
 Every row advances one position per step, so a row's sequence has no gaps and is exactly
 what it was trained on. The vocabulary projection runs only where a token is read: the
 last prompt position and one position per decoding step.
@@ -26,6 +27,7 @@ import keras
 import numpy as np
 
 from chatlens.contracts import MAX_REPLY_CHARS, MAX_SUMMARY_CHARS, ChatWindow
+from pipeline.model.analysis import REPLY_FOR, WindowAnalysis, reply_policies
 from pipeline.model.chat_format import MAX_PROMPT_TOKENS, REPLY_TOKENS, SUMMARY_TOKENS, Vocabulary
 from pipeline.model.generation import BATCH_BUCKETS, LENGTH_BUCKETS, bucket, clean_completion, length_groups
 
@@ -107,7 +109,7 @@ class OnePassDecoder:
         max_summary, max_reply = self.summary_tokens, self.reply_tokens
 
         @functools.partial(jax.jit, static_argnames=("steps",))
-        def run(state, prompt_ids, key_mask, wants_reply, steps):
+        def run(state, prompt_ids, key_mask, reply_mode, steps):
             batch, length = prompt_ids.shape
             total = length + 1 + cue.shape[0] + steps
             shape = (batch, total, backbone.num_key_value_heads, backbone.head_dim)
@@ -119,6 +121,8 @@ class OnePassDecoder:
                 label_logits = self._logits(hidden[:, -1:, :])[:, 0, :][:, labels]
                 probabilities = jax.nn.softmax(label_logits, axis=-1)
                 chosen = labels[jnp.argmax(probabilities, axis=-1)]
+                # reply_mode is an index into REPLY_FOR: 0 negative, 1 all, 2 none
+                wants_reply = (reply_mode == 1) | ((reply_mode == 0) & (chosen == labels[0]))
                 head = jnp.concatenate([chosen[:, None], jnp.broadcast_to(cue, (batch, cue.shape[0]))], axis=1)
                 hidden, cache = self._forward(head, cache, length, mask)
                 logits = self._logits(hidden[:, -1:, :])[:, 0, :]
@@ -156,9 +160,10 @@ class OnePassDecoder:
 
         return run
 
-    def run(self, windows: Sequence[ChatWindow], wants_reply: Sequence[bool] | None = None) -> list[ChatOutput]:
-        """One pass per chat; `wants_reply[i]` says whether chat i gets a reply (default: none)."""
-        wants = list(wants_reply) if wants_reply is not None else [False] * len(windows)
+    def run(self, windows: Sequence[ChatWindow], reply_for: Sequence[str] | None = None) -> list[ChatOutput]:
+        """One pass per chat; `reply_for[i]` says when chat i gets a reply: 'negative' (when its
+        label comes out negative), 'all' or 'none' (the default)."""
+        wants = reply_policies(reply_for if reply_for is not None else "none", len(windows))
         prompts, cut = zip(*(self.vocabulary.prompt(w, self.max_prompt_tokens) for w in windows))
         outputs: list[ChatOutput | None] = [None] * len(windows)
         with self._lock:
@@ -167,7 +172,7 @@ class OnePassDecoder:
                     outputs[i] = ChatOutput(truncated=cut[i], **out)
         return outputs  # type: ignore[return-value]
 
-    def _run_group(self, prompts: list[list[int]], wants: list[bool]) -> list[dict]:
+    def _run_group(self, prompts: list[list[int]], wants: list[str]) -> list[dict]:
         batch = bucket(len(prompts), BATCH_BUCKETS)
         length = bucket(max(map(len, prompts)), LENGTH_BUCKETS)
         filler = min(prompts, key=len)
@@ -176,13 +181,15 @@ class OnePassDecoder:
         for i, row in enumerate(itertools.chain(prompts, itertools.repeat(filler, batch - len(prompts)))):
             token_ids[i, length - len(row):] = row
             mask[i, length - len(row):] = True
-        wanted = np.array(wants + [False] * (batch - len(prompts)))
-        steps = self.summary_tokens + 1 + (len(self.vocabulary.reply_cue) + self.reply_tokens if any(wants) else 0)
+        modes = np.array([REPLY_FOR.index(w) for w in wants] + [REPLY_FOR.index("none")] * (batch - len(prompts)),
+                         "int32")
+        may_reply = any(w != "none" for w in wants)
+        steps = self.summary_tokens + 1 + (len(self.vocabulary.reply_cue) + self.reply_tokens if may_reply else 0)
         key = f"one-pass batch={batch} length={length} steps={steps}"
         if key not in self.compiles:
             self.compiles.append(key)
             log.info("XLA compile #%d: %s", len(self.compiles), key)
-        probabilities, tokens, phases = self._run(self._state(), token_ids, mask, wanted, steps=steps)
+        probabilities, tokens, phases = self._run(self._state(), token_ids, mask, modes, steps=steps)
         probabilities, tokens, phases = map(np.asarray, (probabilities, tokens, phases))
         results = []
         for row in range(len(prompts)):
@@ -191,7 +198,7 @@ class OnePassDecoder:
             results.append({
                 "probabilities": tuple(float(x) for x in probabilities[row]),
                 "summary": self._finish(summary, "summary"),
-                "reply": self._finish(reply, "reply") if wants[row] else None,
+                "reply": self._finish(reply, "reply") if any(p == REPLY_CUE for p in phases[row]) else None,
                 "summary_tokens": len(self._content(summary)),
                 "reply_tokens": len(self._content(reply)),
             })
@@ -204,3 +211,45 @@ class OnePassDecoder:
         """Generated tokens as staff see them: stops dropped, one clean paragraph within the limit."""
         limit = MAX_SUMMARY_CHARS if kind == "summary" else MAX_REPLY_CHARS
         return clean_completion(self._decode(self._content(tokens)), limit)
+
+
+class OnePassEngine:
+    """The engine interface (`analyze`, `classify`) of a model tuned by ChatLens: one pass per chat.
+
+    What the Beam handler shares per machine when the model spec resolves to a tuned model
+    (the default `gemma3-270m`); untuned models get the prompted `GemmaEngine`.
+    """
+
+    prompt_version = "tuned-one-pass-v1"
+
+    def __init__(self, causal_lm, model_id: str, max_prompt_tokens: int = MAX_PROMPT_TOKENS):
+        self.decoder = OnePassDecoder(causal_lm, max_prompt_tokens=max_prompt_tokens)
+        self.model_id = model_id
+        self.batches = 0
+        self.generated_tokens = 0
+
+    def analyze(self, windows: Sequence[ChatWindow], reply_for: str | Sequence[str] = "none") -> list[WindowAnalysis]:
+        """Sentiment, summary and (where `reply_for`, one policy or one per window, selects it) a
+        reply draft, from one pass each."""
+        outputs = self.decoder.run(windows, reply_policies(reply_for, len(windows)))
+        self.batches += 1
+        self.generated_tokens += sum(o.summary_tokens + o.reply_tokens for o in outputs)
+        results = []
+        for out in outputs:
+            flags = ("context_truncated",) if out.truncated else ()
+            summary = out.summary
+            if not summary:
+                summary, flags = "(no summary: the model returned nothing)", flags + ("summary_empty",)
+            if out.reply == "":
+                flags += ("reply_empty",)
+            results.append(WindowAnalysis(scores=out.probabilities, summary=summary, model_id=self.model_id,
+                                          prompt_version=self.prompt_version, flags=flags,
+                                          reply_draft=out.reply or None))
+        return results
+
+    def classify(self, windows: Sequence[ChatWindow]) -> list[tuple[float, float, float]]:
+        return [analysis.scores for analysis in self.analyze(windows)]
+
+    def get_stats(self) -> dict:
+        return {"compiles": list(self.decoder.compiles), "batches": self.batches,
+                "generated_tokens": self.generated_tokens}

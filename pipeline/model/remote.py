@@ -6,9 +6,9 @@ requests. `OpenAIChatModelHandler` is a Beam `RemoteModelHandler`, so RunInferen
 it retries with exponential backoff, client-side adaptive throttling and its metrics; this
 module adds what is specific to ChatLens and to the protocol:
 
-- Same types as GemmaModelHandler: task 'analyze' takes a ChatWindow and returns a
-  `pipeline.model.engine.WindowAnalysis`; task 'reply' takes (ChatWindow, WindowAnalysis)
-  and returns the analysis with `reply_draft` set. So it can stand in for both stages.
+- Same types as GemmaModelHandler: a ChatWindow in, a `WindowAnalysis` out, with
+  `reply_draft` set where `reply_for` selects it (a second request for those chats, sent
+  once the analyses are in). So it can stand in for the model stage.
 - The chat is fenced (`<chat>` ... `</chat>`) and every message neutralised with
   `pipeline.prompts.transcript_lines`, so a customer cannot close the fence or fake a turn.
 - The model must answer one JSON object, e.g. {"sentiment": "negative", "confidence": 0.9,
@@ -48,13 +48,12 @@ from typing import Any
 from apache_beam.ml.inference.base import PredictionResult, RemoteModelHandler
 
 from chatlens.contracts import MAX_REPLY_CHARS, MAX_SUMMARY_CHARS
-from pipeline.model.analysis import WindowAnalysis, reply_input, window_of
+from pipeline.model.analysis import REPLY_FOR, WindowAnalysis, wants_reply, window_of
 from pipeline.model.generation import clean_completion
 from pipeline.prompts import fit_transcript, transcript_lines
 
 log = logging.getLogger(__name__)
 
-TASKS = ("analyze", "reply")
 LABELS = ("negative", "neutral", "positive")
 PROMPT_VERSION = "remote-json/1"
 """Written into every ChatInsight made by this handler; bump it when a prompt below changes."""
@@ -324,7 +323,7 @@ def label_scores(sentiment: str, confidence: float) -> tuple[tuple[float, float,
 
 # ---- the Beam model handler -----------------------------------------------------------------
 class OpenAIChatModelHandler(RemoteModelHandler[Any, PredictionResult, OpenAIChatClient]):
-    """ChatLens analysis (or reply drafts) from an OpenAI-compatible chat-completions endpoint.
+    """ChatLens analysis and reply drafts from an OpenAI-compatible chat-completions endpoint.
 
     Use it where GemmaModelHandler goes, e.g.
     `RunInference(KeyedModelHandler(OpenAIChatModelHandler("http://vllm:8000/v1", "google/gemma-3-1b-it")))`.
@@ -335,7 +334,7 @@ class OpenAIChatModelHandler(RemoteModelHandler[Any, PredictionResult, OpenAICha
         base_url: str,
         model: str,
         *,
-        task: str = "analyze",
+        reply_for: str = "negative",
         api_key_env: str = DEFAULT_API_KEY_ENV,
         timeout_secs: float = 60.0,
         max_tokens: int | None = None,
@@ -353,12 +352,12 @@ class OpenAIChatModelHandler(RemoteModelHandler[Any, PredictionResult, OpenAICha
         bucket_ms: int = 1000,
         overload_ratio: float = 2.0,
     ):
-        if task not in TASKS:
-            raise ValueError(f"task must be one of {TASKS}, not {task!r}")
+        if reply_for not in REPLY_FOR:
+            raise ValueError(f"reply_for must be one of {REPLY_FOR}, not {reply_for!r}")
         if not base_url.startswith(("http://", "https://")):
             raise ValueError(f"base_url must be an http(s) URL such as http://localhost:8000/v1, not {base_url!r}")
         super().__init__(
-            namespace=f"chatlens_remote_{task}", num_retries=num_retries, throttle_delay_secs=throttle_delay_secs,
+            namespace="chatlens_remote", num_retries=num_retries, throttle_delay_secs=throttle_delay_secs,
             retry_filter=is_retryable, window_ms=window_ms, bucket_ms=bucket_ms, overload_ratio=overload_ratio)
         # RemoteModelHandler does not call ModelHandler.__init__: set what it would have.
         self._batching_kwargs = {"min_batch_size": min_batch_size, "max_batch_size": max_batch_size}
@@ -367,10 +366,10 @@ class OpenAIChatModelHandler(RemoteModelHandler[Any, PredictionResult, OpenAICha
         self._env_vars = {}
         self._base_url = base_url
         self._model = model
-        self._task = task
+        self._reply_for = reply_for
         self._api_key_env = api_key_env
         self._timeout_secs = timeout_secs
-        self._max_tokens = max_tokens or (256 if task == "analyze" else 512)
+        self._max_tokens = {ANALYZE_SYSTEM: max_tokens or 256, REPLY_SYSTEM: max_tokens or 512}
         self._json_mode = json_mode
         self._temperature = temperature
         self._max_transcript_chars = max_transcript_chars
@@ -378,25 +377,29 @@ class OpenAIChatModelHandler(RemoteModelHandler[Any, PredictionResult, OpenAICha
         self._max_retry_after_secs = max_retry_after_secs
 
     def __repr__(self) -> str:
-        return f"OpenAIChatModelHandler({self._base_url!r}, {self._model!r}, task={self._task!r})"
+        return f"OpenAIChatModelHandler({self._base_url!r}, {self._model!r}, reply_for={self._reply_for!r})"
 
     # -- RemoteModelHandler ------------------------------------------------------------------
     def create_client(self) -> OpenAIChatClient:
         api_key = os.environ.get(self._api_key_env) if self._api_key_env else None
-        log.info("remote %s model %s at %s (pid %d)", self._task, self._model, self._base_url, os.getpid())
+        log.info("remote model %s at %s (pid %d)", self._model, self._base_url, os.getpid())
         return OpenAIChatClient(self._base_url, api_key=api_key, timeout_secs=self._timeout_secs,
                                 max_concurrency=self._max_concurrency,
                                 max_retry_after_secs=self._max_retry_after_secs)
 
     def request(self, batch: Sequence[Any], model: OpenAIChatClient,
                 inference_args: dict[str, Any] | None = None) -> Iterable[PredictionResult]:
-        prompts = [self.payload(example) for example in batch]
+        prompts = [self.payload(example, ANALYZE_SYSTEM) for example in batch]
         answers = model.complete_all([payload for payload, _ in prompts])
-        results = []
-        for example, (_, truncated), (content, served_by) in zip(batch, prompts, answers, strict=True):
-            analysis = self.parse(example, content, served_by, truncated)
-            results.append(PredictionResult(example, analysis, analysis.model_id))
-        return results  # a list, not a generator: the retry wraps this call
+        analyses = [self.parse_analysis(content, served_by, truncated)
+                    for (_, truncated), (content, served_by) in zip(prompts, answers, strict=True)]
+        wanted = [i for i, analysis in enumerate(analyses) if wants_reply(self._reply_for, analysis.sentiment)]
+        if wanted:  # a retry re-sends only what did not arrive: the analyses above are kept by the client
+            replies = model.complete_all([self.payload(batch[i], REPLY_SYSTEM)[0] for i in wanted])
+            for i, (content, _) in zip(wanted, replies, strict=True):
+                reply = clean_completion(parse_reply(content), MAX_REPLY_CHARS)
+                analyses[i] = replace(analyses[i], reply_draft=reply)
+        return [PredictionResult(example, analysis, analysis.model_id) for example, analysis in zip(batch, analyses)]
 
     def batch_elements_kwargs(self) -> dict[str, Any]:
         return self._batching_kwargs
@@ -405,15 +408,15 @@ class OpenAIChatModelHandler(RemoteModelHandler[Any, PredictionResult, OpenAICha
         return sum(len(m.text.encode("utf-8")) for example in batch for m in window_of(example).messages)
 
     def get_metrics_namespace(self) -> str:
-        return f"chatlens_remote_{self._task}"
+        return "chatlens_remote"
 
     # -- prompts and answers -----------------------------------------------------------------
-    def payload(self, example: Any) -> tuple[dict[str, Any], bool]:
-        """The chat-completions request body for one example, and whether old messages were cut."""
+    def payload(self, example: Any, system: str) -> tuple[dict[str, Any], bool]:
+        """The chat-completions request body for one example and task (its system prompt), and
+        whether old messages were cut."""
         window = window_of(example)
         transcript, truncated = fit_transcript(
             transcript_lines(window.messages), lambda text: len(text) <= self._max_transcript_chars)
-        system = ANALYZE_SYSTEM if self._task == "analyze" else REPLY_SYSTEM
         body: dict[str, Any] = {
             "model": self._model,
             "messages": [
@@ -421,28 +424,23 @@ class OpenAIChatModelHandler(RemoteModelHandler[Any, PredictionResult, OpenAICha
                 {"role": "user", "content": f"<chat>\n{transcript}\n</chat>"},
             ],
             "temperature": self._temperature,
-            "max_tokens": self._max_tokens,
+            "max_tokens": self._max_tokens[system],
         }
         if self._json_mode:
             body["response_format"] = {"type": "json_object"}
         return body, truncated
 
-    def parse(self, example: Any, content: str, served_by: str, truncated: bool) -> Any:
-        """The WindowAnalysis for one answer (InvalidModelOutput when the answer is unusable)."""
-        cut = ("context_truncated",) if truncated else ()
-        if self._task == "analyze":
-            sentiment, confidence, summary = parse_analysis(content)
-            scores, flags = label_scores(sentiment, confidence)
-            return WindowAnalysis(
-                scores=scores,
-                summary=clean_completion(summary, MAX_SUMMARY_CHARS),
-                model_id=f"remote:{served_by or self._model}"[:200],
-                prompt_version=PROMPT_VERSION,
-                flags=flags + cut,
-            )
-        _, analysis = reply_input(example)
-        reply = clean_completion(parse_reply(content), MAX_REPLY_CHARS)
-        return replace(analysis, reply_draft=reply, flags=tuple(dict.fromkeys(analysis.flags + cut)))
+    def parse_analysis(self, content: str, served_by: str, truncated: bool) -> WindowAnalysis:
+        """The WindowAnalysis of one answer (InvalidModelOutput when the answer is unusable)."""
+        sentiment, confidence, summary = parse_analysis(content)
+        scores, flags = label_scores(sentiment, confidence)
+        return WindowAnalysis(
+            scores=scores,
+            summary=clean_completion(summary, MAX_SUMMARY_CHARS),
+            model_id=f"remote:{served_by or self._model}"[:200],
+            prompt_version=PROMPT_VERSION,
+            flags=flags + (("context_truncated",) if truncated else ()),
+        )
 
 
 __all__ = [

