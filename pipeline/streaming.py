@@ -34,6 +34,10 @@ from pipeline.options import PipelineConfig, add_pipeline_arguments, beam_option
 
 log = logging.getLogger("chatlens.pipeline")
 
+# How long a stop waits for the bundle in flight (a model batch can take minutes on a CPU)
+# before handing its messages back anyway; they are redelivered, so nothing is lost.
+STOP_GRACE_S = 10.0
+
 
 # ---- argparse wiring ---------------------------------------------------------------------
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -169,14 +173,31 @@ def run_pipeline(config: PipelineConfig, beam_args: list[str], status_every: flo
     from pipeline.transforms import LEASES
 
     status = progress_line(result)
-    try:
-        result.cancel()  # stop scheduling bundles before handing messages back
-    except Exception as error:  # noqa: BLE001 - already finished or failed
-        log.debug("cancel: %s", error)
+    if not _cancel(result, STOP_GRACE_S):
+        log.info("a bundle still running after %.0f s is abandoned; its messages go back too", STOP_GRACE_S)
     returned = LEASES.release_all()
     log.info("stopping (%s): %s; %d unsettled message(s) handed back for redelivery",
              signal.Signals(received[0]).name if received else "pipeline ended", status, returned)
     return 1 if failure else 0
+
+
+def _cancel(result, grace_s: float) -> bool:
+    """Stop scheduling bundles, waiting at most `grace_s` for the running one; True if it ended.
+
+    The DirectRunner's cancel() joins its worker, which is inside a model call until the batch
+    is done; the caller hands every unsettled message back either way.
+    """
+
+    def cancel():
+        try:
+            result.cancel()
+        except Exception as error:  # noqa: BLE001 - already finished or failed
+            log.debug("cancel: %s", error)
+
+    stopper = threading.Thread(target=cancel, name="chatlens-pipeline-cancel", daemon=True)
+    stopper.start()
+    stopper.join(grace_s)
+    return not stopper.is_alive()
 
 
 def progress_line(result=None) -> str:
