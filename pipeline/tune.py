@@ -57,8 +57,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-tokens", type=int, default=4096,
                         help="padded tokens per batch; batches hold chats of similar length (default: %(default)s)")
     parser.add_argument("--seed", type=int, default=1234, help="seed for LoRA init and batch order (default: %(default)s)")
-    parser.add_argument("--limit", type=int, help="train on the first N chats only (a quick try)")
-    parser.add_argument("--dev-limit", type=int, help="dev figures on the first N dev chats (default: all)")
+    parser.add_argument("--limit", type=int, help="train on the first N corpus chats only (a quick try)")
+    parser.add_argument("--dev-limit", type=int, help="dev loss and figures on the first N dev chats (default: all)")
     parser.add_argument("--checkpoint-dir", type=Path, default=Path(".chatlens-tune"),
                         help="where checkpoints go (default: %(default)s)")
     parser.add_argument("--checkpoint-every", type=int, default=25, help="steps between checkpoints (default: %(default)s)")
@@ -66,10 +66,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--force", action="store_true", help="replace the adapter even if a dev figure falls")
 
 
-def training_examples(args: argparse.Namespace) -> tuple[list[Example], str]:
-    """The training chats and the sha256 of everything they came from."""
+def training_examples(args: argparse.Namespace) -> tuple[list[Example], int, str]:
+    """The training chats, how many of them came from the dashboard, and the sha256 of it all."""
     digest = hashlib.sha256(split_path("train", args.data_dir).read_bytes())
-    examples = load_split("train", args.data_dir)
+    examples = load_split("train", args.data_dir)[: args.limit]
+    usable = []
     if args.from_dashboard:
         from app.feedback import export_examples
 
@@ -78,8 +79,7 @@ def training_examples(args: argparse.Namespace) -> tuple[list[Example], str]:
         log.info("adding %d examples from the dashboard", len(usable))
         for example in usable:
             digest.update(example.to_json().encode())
-        examples += usable
-    return examples[: args.limit] if args.limit else examples, digest.hexdigest()
+    return examples + usable, len(usable), digest.hexdigest()
 
 
 def fell(old: dict, new: dict) -> list[str]:
@@ -115,8 +115,8 @@ def run(args: argparse.Namespace) -> int:
     # The engine the pipeline will run, over the model being tuned: its format and its dev figures.
     engine = OnePassEngine(lm, f"{source.model_id}+{args.out.name.removesuffix('.lora.h5')}")
     vocabulary = engine.decoder.vocabulary
-    train, data_sha = training_examples(args)
-    dev = load_split("dev", args.data_dir)
+    train, taught, data_sha = training_examples(args)
+    dev = load_split("dev", args.data_dir)[: args.dev_limit]
     encode = lambda e: training_sequence(vocabulary, e.window, e.label, e.summary, e.reply, e.gold)  # noqa: E731
     train_seqs = [encode(e) for e in train]
     dev_seqs = [encode(e) for e in dev]
@@ -174,23 +174,22 @@ def run(args: argparse.Namespace) -> int:
     trainer.sync()
     from pipeline.evaluate import engine_predictions, score_system
 
-    dev_scored = dev[: args.dev_limit] if args.dev_limit else dev
-    with tqdm(total=len(dev_scored), desc="dev figures", unit="chat", file=sys.stderr) as bar:
-        predictions = engine_predictions(engine, dev_scored, 8, bar.update)
-    figures, _ = score_system(dev_scored, predictions)
+    with tqdm(total=len(dev), desc="dev figures", unit="chat", file=sys.stderr) as bar:
+        predictions = engine_predictions(engine, dev, 8, bar.update)
+    figures, _ = score_system(dev, predictions)
     manifest = {
         "adapter": args.out.name,
         "base_model": source.model_id,
         "base_spec": args.model,
         "training_data": {"files": ["data/train.jsonl"] + (["dashboard"] if args.from_dashboard else []),
-                          "sha256": data_sha, "chats": len(train)},
+                          "sha256": data_sha, "chats": len(train), "from_dashboard": taught},
         "hyperparameters": {"rank": args.rank, "learning_rate": args.learning_rate, "epochs": args.epochs,
                             "batch_tokens": args.batch_tokens, "optimizer": "AdamW, cosine decay, 5% warm-up",
                             "max_prompt_tokens": engine.decoder.max_prompt_tokens},
         "seed": args.seed,
         "history": progress["history"],
         "chosen_epoch": chosen,
-        "dev": {"chats": len(dev_scored), **figures},
+        "dev": {"chats": len(dev), **figures},
         "train_seconds": round(progress.get("train_seconds", 0.0), 1),  # optimizer steps, over every --resume
         "wall_seconds": round(time.perf_counter() - started, 1),  # this run: loading, training, dev figures
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),

@@ -152,3 +152,55 @@ def test_an_adapter_is_merged_once_into_a_cached_preset_that_gives_the_tuned_log
     assert not again.converted and again.preset == source.preset  # merged once, then loaded from the cache
     with pytest.raises(ModelSpecError, match="lora.h5"):
         resolve_model(str(base_dir), tmp_path / "cache", adapter=tmp_path / "missing.lora.h5")
+
+
+def test_tune_from_dashboard_learns_what_staff_taught_and_never_replaces_a_better_adapter(model_cache, tmp_path,  # noqa: F811
+                                                                                          capsys):
+    """`chatlens tune --from-dashboard` on a real dashboard database, end to end on a tiny preset."""
+    import hashlib
+    import json
+
+    from app_fixtures import T0, dashboard_settings, make_insight, sign_in, staffed_database, store
+    from fastapi.testclient import TestClient
+
+    from app.main import create_app
+    from chatlens.cli import main
+    from pipeline.tune import manifest_path
+
+    database_url, tokens = staffed_database("sqlite", tmp_path)
+    store(database_url, make_insight("taught-label", sentiment=1, start=T0),
+          make_insight("taught-reply", sentiment=-1, start=T0), make_insight("untouched", sentiment=0, start=T0))
+    with TestClient(create_app(dashboard_settings(database_url))) as client:
+        staff = sign_in(client, tokens, "alice")
+        assert staff.post("/api/chats/taught-label/sentiment", json={"corrected": "negative"}).status_code == 200
+        version = staff.get("/api/chats/taught-reply").json()["version"]
+        assert staff.put("/api/chats/taught-reply/draft", json={"text": "So sorry, a refund is on its way.",
+                                                               "version": version}).status_code == 200
+    preset = tmp_path / "tiny-preset"
+    tiny_gemma_lm(model_cache).save_to_preset(str(preset))
+    adapter = tmp_path / "tiny.lora.h5"
+    tune = ["tune", "--model", str(preset), "--model-cache", str(model_cache), "--from-dashboard", database_url,
+            "--limit", "4", "--dev-limit", "2", "--epochs", "1", "--rank", "2", "--out", str(adapter),
+            "--checkpoint-dir", str(tmp_path / "ckpt")]
+    assert main(tune) == 0
+    manifest = json.loads(manifest_path(adapter).read_text())
+    assert manifest["training_data"]["from_dashboard"] == 2 and manifest["training_data"]["chats"] == 4 + 2
+    assert manifest["training_data"]["files"] == ["data/train.jsonl", "dashboard"]
+    assert manifest["adapter_sha256"] == hashlib.sha256(adapter.read_bytes()).hexdigest()
+    # The data hash covers what staff taught: another correction is another training set.
+    with TestClient(create_app(dashboard_settings(database_url))) as client:
+        sign_in(client, tokens, "alice").post("/api/chats/untouched/sentiment", json={"corrected": "positive"})
+    # The current adapter claims a better dev macro-F1 than this run can reach: it stays.
+    manifest["dev"]["sentiment"]["macro_f1"] = 1.01
+    manifest_path(adapter).write_text(json.dumps(manifest))
+    before = adapter.read_bytes()
+    capsys.readouterr()
+    assert main(tune) == 3
+    assert "not replacing the current adapter: dev figures fell: sentiment macro_f1 1.01 ->" in capsys.readouterr().err
+    assert adapter.read_bytes() == before
+    assert json.loads(manifest_path(adapter).read_text())["dev"]["sentiment"]["macro_f1"] == 1.01
+    # --force replaces it, and the new manifest counts the third taught chat and hashes other data.
+    assert main(tune + ["--force"]) == 0
+    replaced = json.loads(manifest_path(adapter).read_text())
+    assert replaced["training_data"]["from_dashboard"] == 3
+    assert replaced["training_data"]["sha256"] != manifest["training_data"]["sha256"]
