@@ -16,6 +16,7 @@ from app_fixtures import (
     store,
 )
 from fastapi.testclient import TestClient
+from prometheus_client.parser import text_string_to_metric_families
 
 from app.feedback import export_feedback
 from app.main import create_app
@@ -236,6 +237,12 @@ def test_ops_endpoints_and_openapi(alice):
     assert 'chatlens_dashboard_queue_size{sentiment="negative"} 2' in metrics.text
     assert 'chatlens_dashboard_actions_total{action="handled"} 1' in metrics.text
     assert "chatlens_dashboard_insights_stored 4" in metrics.text
+    # Prometheus's own parser reads it back: names, types and values
+    families = {f.name: f for f in text_string_to_metric_families(metrics.text)}
+    assert families["chatlens_dashboard_actions"].type == "counter"
+    assert families["chatlens_dashboard_queue_size"].type == "gauge"
+    assert {s.labels["sentiment"]: s.value for s in families["chatlens_dashboard_queue_size"].samples} == {
+        "negative": 2, "neutral": 0, "positive": 1}
     schema = alice.get("/openapi.json").json()
     assert "/api/chats" in schema["paths"] and "/api/chats/{chat_id}/draft" in schema["paths"]
     docs = alice.get("/docs")

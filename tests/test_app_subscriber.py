@@ -66,7 +66,7 @@ def test_500_insights_with_100_redelivered_duplicates_give_500_rows(tmp_path, em
         assert client.get("/readyz").json()["feed"] == "running"
         metrics = client.get("/metrics").text
         assert "chatlens_dashboard_insights_received_total 500" in metrics
-        assert 'chatlens_dashboard_messages_received_total{subscriber="insights",outcome="duplicate"} 100' in metrics
+        assert 'chatlens_dashboard_messages_received_total{outcome="duplicate",subscriber="insights"} 100' in metrics
         assert "chatlens_dashboard_insights_stored 500" in metrics
 
 

@@ -6,7 +6,7 @@ They need no login: they reveal counts, never chat content.
 from __future__ import annotations
 
 from fastapi import APIRouter
-from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi.responses import JSONResponse, Response
 
 from app import metrics
 from app.deps import Ctx
@@ -39,6 +39,6 @@ def readyz(ctx: Ctx) -> JSONResponse:
     )
 
 
-@router.get("/metrics", response_class=PlainTextResponse)
-def prometheus(ctx: Ctx) -> PlainTextResponse:
-    return PlainTextResponse(metrics.render(ctx), media_type="text/plain; version=0.0.4; charset=utf-8")
+@router.get("/metrics", response_class=Response)
+def prometheus(ctx: Ctx) -> Response:
+    return Response(metrics.render(ctx), media_type=metrics.CONTENT_TYPE)
