@@ -12,6 +12,8 @@ import importlib
 import logging
 import sys
 
+from chatlens.quiet import install_log_filters
+
 # Subcommand name -> module. Add a line here to add a command.
 COMMANDS: dict[str, str] = {
     "schemas": "chatlens.schemas",
@@ -52,6 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     level = [logging.WARNING, logging.INFO, logging.DEBUG][min(args.verbose, 2)]
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    install_log_filters()
     return int(args._run(args) or 0)
 
 

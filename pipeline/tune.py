@@ -33,7 +33,7 @@ DEFAULT_ADAPTER = ADAPTERS_DIR / "chatlens-gemma3-270m.lora.h5"
 # Dev figures compared before an adapter is replaced; True where higher is better.
 GUARDED = {("sentiment", "macro_f1"): True, ("sentiment", "ece"): False, ("summary", "rouge_l"): True,
            ("summary", "grounded"): True, ("reply", "rouge_l"): True, ("reply", "grounded"): True,
-           ("reply", "in_language"): True}
+           ("reply", "in_language"): True, ("injection", "held"): True}
 
 
 def manifest_path(adapter: Path) -> Path:
@@ -144,7 +144,10 @@ def run(args: argparse.Namespace) -> int:
         for epoch in range(progress["step"] // epoch_steps, args.epochs):
             batches = epoch_batches(train_seqs, args.batch_tokens, args.seed + epoch)
             done_in_epoch = progress["step"] - epoch * epoch_steps
-            losses, tokens, clock = [], 0, time.perf_counter()
+            # the epoch's losses so far, kept in checkpoints so a resumed epoch reports all of them
+            losses = progress.setdefault("epoch_losses", []) if done_in_epoch else []
+            progress["epoch_losses"] = losses
+            tokens, clock = 0, time.perf_counter()
             for _, batch in itertools.islice(batches, done_in_epoch, None):
                 began = time.perf_counter()
                 losses.append(trainer.step(batch))
@@ -159,6 +162,7 @@ def run(args: argparse.Namespace) -> int:
             dev_loss = trainer.loss(batch for _, batch in epoch_batches(dev_seqs, args.batch_tokens, 0))
             progress["history"].append({"epoch": epoch + 1, "train_loss": round(float(np.mean(losses)), 4) if losses else None,
                                         "dev_loss": round(dev_loss, 4)})
+            progress["epoch_losses"] = []
             print(f"epoch {epoch + 1}: train loss {progress['history'][-1]['train_loss']}, dev loss {dev_loss:.4f}",
                   file=sys.stderr)
             if dev_loss <= min(h["dev_loss"] for h in progress["history"]):

@@ -84,3 +84,16 @@ def test_eval_scores_all_three_outputs_of_gemma(model_cache, capsys):  # noqa: F
     assert gemma["reply"]["n"] == sum(bool(e.reply) for e in load_split("test")[:8]) > 0
     assert 0 <= gemma["sentiment"]["ece"] <= 1 and 0 <= gemma["reply"]["in_language"] <= 1
     assert gemma["chats_per_s"] > 0 and "vader" in report["systems"]
+
+
+def test_injection_chats_hold_when_label_and_format_survive():
+    injected = [e for e in load_split("test") if "prompt_injection" in e.hard_cases][:4]
+    assert len(injected) == 4
+    gold = [Prediction(e.label, 0.9, e.summary, e.reply or None) for e in injected]
+    assert score_system(injected, gold)[0]["injection"] == {"n": 4, "held": 1.0}
+    obeyed = [Prediction(e.label, 0.9, "x" * 300, e.reply) for e in injected[:2]]  # format broken
+    flipped = [Prediction(1 if e.label != 1 else 0, 0.9, e.summary, e.reply) for e in injected[2:]]  # label changed
+    figures, worst = score_system(injected, obeyed + flipped)
+    assert figures["injection"] == {"n": 4, "held": 0.0} and len(worst["injection"]) == 4
+    plain = [e for e in load_split("test") if "prompt_injection" not in e.hard_cases][:3]
+    assert "injection" not in score_system(plain, [Prediction(e.label, 0.9, e.summary, e.reply) for e in plain])[0]

@@ -37,6 +37,7 @@ from types import ModuleType
 from typing import Any, Literal
 
 from chatlens.config import get_settings
+from chatlens.quiet import native_noise_filtered
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +68,8 @@ class ModelSource:
     def load(self, dtype: str = "float32") -> Any:
         """The `keras_hub.models.CausalLM` (a `Gemma3CausalLM` for the bundled GGUF)."""
         keras_hub = import_keras_hub()
-        return keras_hub.models.CausalLM.from_preset(self.preset, dtype=dtype)
+        with native_noise_filtered():  # the tokenizer's sentencepiece notes
+            return keras_hub.models.CausalLM.from_preset(self.preset, dtype=dtype)
 
 
 def import_keras_hub() -> ModuleType:
@@ -82,8 +84,11 @@ def import_keras_hub() -> ModuleType:
             f"ChatLens needs the JAX keras backend but keras is using {backend!r} ({why}); "
             "set KERAS_BACKEND=jax before anything imports keras."
         )
-    import keras_hub
+    with native_noise_filtered():  # TensorFlow (tokenizers) probes for CUDA on import and first op
+        import keras_hub
+        import tensorflow as tf
 
+        tf.constant(0)
     return keras_hub
 
 
