@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: test test-fast demo lock schemas docs bench clean browser
+.PHONY: test test-fast demo lock schemas docs bench clean browser postgres
 
 $(STAMP): pyproject.toml constraints.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -15,14 +15,18 @@ $(STAMP): pyproject.toml constraints.txt
 	$(BIN)/python -m pip install -q -c constraints.txt -e '.[dev]'
 	@touch $(STAMP)
 
-test: $(STAMP) browser
+test: $(STAMP) browser postgres
 	$(BIN)/python -m pytest
 
 # The browser tests drive Debian's Chromium (Playwright never downloads a browser here).
 browser:
 	@test -x /usr/bin/chromium || { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq chromium >/dev/null; }
 
-test-fast: $(STAMP)
+# The PostgreSQL variants run on a throwaway server from Debian's package (tests/throwaway_postgres.py).
+postgres:
+	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq postgresql >/dev/null; }
+
+test-fast: $(STAMP) postgres
 	$(BIN)/python -m pytest -m "not slow and not browser"
 
 demo: $(STAMP)

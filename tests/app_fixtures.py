@@ -232,7 +232,7 @@ DATABASE_PARAMS = ["sqlite", "postgresql"]
 
 
 def database_url_for(kind: str, tmp_path: Path) -> str:
-    """A fresh database: a SQLite file, or CHATLENS_TEST_DATABASE_URL emptied (else skip)."""
+    """A fresh database: a SQLite file, or CHATLENS_TEST_DATABASE_URL (see conftest.py) emptied."""
     import os
 
     import pytest
@@ -241,7 +241,7 @@ def database_url_for(kind: str, tmp_path: Path) -> str:
         return sqlite_url(tmp_path)
     url = os.environ.get("CHATLENS_TEST_DATABASE_URL")
     if not url:
-        pytest.skip("PostgreSQL variant: set CHATLENS_TEST_DATABASE_URL to run it")
+        pytest.fail("PostgreSQL variant: no server: " + os.environ.get("CHATLENS_TEST_POSTGRES_ERROR", "none started"))
     from sqlalchemy import create_engine
 
     from app.models import Base

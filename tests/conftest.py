@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 
@@ -15,3 +17,22 @@ def pubsub_server():
 
     with EmulatorServer("localhost", 0) as server:
         yield server.address
+
+
+@pytest.fixture(scope="session", autouse=True)
+def postgres_for_the_run():
+    """CHATLENS_TEST_DATABASE_URL for the PostgreSQL variants: the one given, else a throwaway
+    server started for this run (tests/throwaway_postgres.py); without one they fail, never skip."""
+    if os.environ.get("CHATLENS_TEST_DATABASE_URL"):
+        yield
+        return
+    from throwaway_postgres import PostgresUnavailable, throwaway_postgres
+
+    try:
+        with throwaway_postgres() as url:
+            os.environ["CHATLENS_TEST_DATABASE_URL"] = url
+            yield
+            os.environ.pop("CHATLENS_TEST_DATABASE_URL", None)
+    except PostgresUnavailable as error:
+        os.environ["CHATLENS_TEST_POSTGRES_ERROR"] = str(error)
+        yield

@@ -95,10 +95,24 @@ def import_keras_hub() -> ModuleType:
 def resolve_model(spec: str, cache_dir: str | Path | None = None, adapter: str | Path | None = None) -> ModelSource:
     """Find (converting or merging once if needed) the model named by `spec`, plus `adapter`."""
     cache = Path(cache_dir) if cache_dir else get_settings().cache
+    use_compilation_cache(cache)
     if spec == GGUF_SPEC and adapter is None and SHIPPED_ADAPTER.exists():
         adapter = SHIPPED_ADAPTER  # until `chatlens tune` has produced one, gemma3-270m is the base
     base = _resolve_base(spec, cache)
     return _with_adapter(base, Path(adapter), cache) if adapter else base
+
+
+def use_compilation_cache(cache: Path) -> None:
+    """Keep XLA's compiled programs in `cache/xla` (unless JAX_COMPILATION_CACHE_DIR says where).
+
+    A decoder compiles one program per batch and length bucket, tens of seconds each on a CPU;
+    the next process that loads a model of the same shape (a restart, `chatlens eval`, a test)
+    reads them back instead. The weights are arguments, not constants: a new adapter reuses them.
+    """
+    import jax
+
+    if not jax.config.jax_compilation_cache_dir:
+        jax.config.update("jax_compilation_cache_dir", str(cache / "xla"))
 
 
 def _resolve_base(spec: str, cache: Path) -> ModelSource:
