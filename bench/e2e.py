@@ -239,8 +239,6 @@ class Pipeline:
             # would otherwise share it, and the measurement with it).
             "TMPDIR": str(private_tmp),
         }
-        cache = args.model_cache or str(_default_cache())
-        self.env.setdefault("JAX_COMPILATION_CACHE_DIR", str(Path(cache) / "jax-compilation-cache"))
         self.process: subprocess.Popen | None = None
         self.started_at = 0.0
 
@@ -283,12 +281,6 @@ class Pipeline:
 
     def log_tail(self, lines: int = 40) -> str:
         return "\n".join(self.log_text().splitlines()[-lines:])
-
-
-def _default_cache() -> Path:
-    from chatlens.config import get_settings
-
-    return get_settings().cache
 
 
 # ---- publishing ----------------------------------------------------------------------------

@@ -67,11 +67,8 @@ def pipelines(emulator, gemma_source, model_cache, tmp_path):  # noqa: F811 - fi
     """
     started: list[PipelineProcess] = []
     log_path = tmp_path / "pipeline.log"
-    env = {
-        "CHATLENS_CACHE": str(model_cache),
-        # XLA programs compiled by one run are reused by the next (the restart test)
-        "JAX_COMPILATION_CACHE_DIR": str(model_cache / "jax-compilation-cache"),
-    }
+    # XLA programs compiled by one run are reused by the next (the cache's jax-compilation-cache)
+    env = {"CHATLENS_CACHE": str(model_cache)}
 
     def start(*args: str) -> PipelineProcess:
         process = PipelineProcess(emulator, log_path, "--model-cache", str(model_cache), *args, env=env).start()

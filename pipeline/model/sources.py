@@ -103,7 +103,7 @@ def resolve_model(spec: str, cache_dir: str | Path | None = None, adapter: str |
 
 
 def use_compilation_cache(cache: Path) -> None:
-    """Keep XLA's compiled programs in `cache/xla` (unless JAX_COMPILATION_CACHE_DIR says where).
+    """Keep XLA's compiled programs in `cache/jax-compilation-cache` (or JAX_COMPILATION_CACHE_DIR).
 
     A decoder compiles one program per batch and length bucket, tens of seconds each on a CPU;
     the next process that loads a model of the same shape (a restart, `chatlens eval`, a test)
@@ -112,7 +112,7 @@ def use_compilation_cache(cache: Path) -> None:
     import jax
 
     if not jax.config.jax_compilation_cache_dir:
-        jax.config.update("jax_compilation_cache_dir", str(cache / "xla"))
+        jax.config.update("jax_compilation_cache_dir", str(cache / "jax-compilation-cache"))
 
 
 def _resolve_base(spec: str, cache: Path) -> ModelSource:
