@@ -33,7 +33,6 @@ from pipeline.model.generation import BATCH_BUCKETS, LENGTH_BUCKETS, bucket, cle
 
 log = logging.getLogger(__name__)
 
-LENGTH_SPREAD = 128
 SUMMARY, REPLY_CUE, REPLY, DONE = 0, 1, 2, 3  # a row's phase while decoding
 
 
@@ -167,7 +166,10 @@ class OnePassDecoder:
         prompts, cut = zip(*(self.vocabulary.prompt(w, self.max_prompt_tokens) for w in windows))
         outputs: list[ChatOutput | None] = [None] * len(windows)
         with self._lock:
-            for group in length_groups([len(p) for p in prompts], max_spread=LENGTH_SPREAD):
+            # One group per call (up to the largest batch bucket), however different the lengths:
+            # the decoding steps, not the prefill, are most of the cost here, and every group decodes
+            # them again; one group also means one XLA program per length bucket, not per group shape.
+            for group in length_groups([len(p) for p in prompts], max_spread=self.max_prompt_tokens):
                 for i, out in zip(group, self._run_group([prompts[i] for i in group], [wants[i] for i in group])):
                     outputs[i] = ChatOutput(truncated=cut[i], **out)
         return outputs  # type: ignore[return-value]
