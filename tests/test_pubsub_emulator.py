@@ -492,6 +492,69 @@ def test_bad_requests_get_the_service_status_codes(clients):
         streaming.result(timeout=10)
 
 
+def test_publish_limits_are_the_services(clients):
+    """What the service answers INVALID_ARGUMENT to, found by the official Node client (issue 13)."""
+    topic = clients.topic()
+    publish = clients.publisher.api.publish
+    refused = {
+        "an 11 MiB message": [{"data": b"x" * (11 * 1024 * 1024)}],
+        "101 attributes": [{"data": b"x", "attributes": {f"k{i}": "v" for i in range(101)}}],
+        "a 257-byte attribute key": [{"data": b"x", "attributes": {"k" * 257: "v"}}],
+        "a 1,025-byte attribute value": [{"data": b"x", "attributes": {"k": "v" * 1025}}],
+        "1,001 messages": [{"data": b"x"}] * 1001,
+        "a 1,025-byte ordering key": [{"data": b"x", "ordering_key": "o" * 1025}],
+        "11 MB in one request": [{"data": b"x" * (2 * 1000 * 1000)}] * 6,
+    }
+    for what, messages in refused.items():
+        with pytest.raises(exceptions.InvalidArgument):
+            publish(topic=topic, messages=messages, timeout=60)
+            pytest.fail(f"{what} was accepted")
+    # and exactly at the limits, accepted
+    at_limits = [{"data": b"x", "attributes": {"k" * 256: "v" * 1024, **{f"k{i}": "v" for i in range(99)}},
+                  "ordering_key": "o" * 1024}] + [{"data": b"x"}] * 999
+    assert len(publish(topic=topic, messages=at_limits, timeout=60).message_ids) == 1000
+
+
+def test_exactly_once_rejects_superseded_ack_ids(clients):
+    """With exactly-once delivery an ack id that a redelivery replaced fails, per id, as in the service."""
+    from google.rpc import error_details_pb2
+    from grpc_status import rpc_status
+
+    topic = clients.topic()
+    subscription = clients.subscription(topic, enable_exactly_once_delivery=True)
+    plain = clients.subscription(topic)
+    clients.publisher.publish(topic, b"once").result(timeout=10)
+    subscriber = clients.subscriber
+    first = subscriber.pull(subscription=subscription, max_messages=1, timeout=10).received_messages[0]
+    subscriber.modify_ack_deadline(subscription=subscription, ack_ids=[first.ack_id], ack_deadline_seconds=0)
+    second = subscriber.pull(subscription=subscription, max_messages=1, timeout=10).received_messages[0]
+    assert second.message.message_id == first.message.message_id and second.ack_id != first.ack_id
+    with pytest.raises(exceptions.InvalidArgument) as refused:
+        subscriber.acknowledge(subscription=subscription, ack_ids=[first.ack_id])
+    status = rpc_status.from_call(refused.value.response)
+    info = error_details_pb2.ErrorInfo()
+    assert status.details[0].Unpack(info) and info.reason == "EXACTLY_ONCE_ACKID_FAILURE"
+    assert dict(info.metadata) == {first.ack_id: "PERMANENT_FAILURE_INVALID_ACK_ID"}
+    subscriber.acknowledge(subscription=subscription, ack_ids=[second.ack_id])  # the current one succeeds
+    with pytest.raises(exceptions.InvalidArgument):
+        subscriber.acknowledge(subscription=subscription, ack_ids=[second.ack_id])  # and only once
+    # the client library's streaming subscriber confirms acks on such a subscription
+    clients.publisher.publish(topic, b"streamed").result(timeout=10)
+    confirmed = []
+    future = subscriber.subscribe(subscription, lambda m: confirmed.append(m.ack_with_response().result(timeout=10)))
+    try:
+        deadline = time.monotonic() + 20
+        while not confirmed and time.monotonic() < deadline:
+            time.sleep(0.1)
+    finally:
+        future.cancel()
+    assert len(confirmed) == 1
+    # without exactly-once, a stale ack id is ignored, as the service does
+    stale = subscriber.pull(subscription=plain, max_messages=1, timeout=10).received_messages[0]
+    subscriber.acknowledge(subscription=plain, ack_ids=[stale.ack_id])
+    subscriber.acknowledge(subscription=plain, ack_ids=[stale.ack_id])
+
+
 def test_subscription_admin_round_trip(clients):
     topic = clients.topic()
     dead_letter_topic = clients.topic()

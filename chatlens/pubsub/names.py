@@ -18,10 +18,11 @@ _RULES = "see https://cloud.google.com/pubsub/docs/pubsub-basics#resource_names"
 class EmulatorError(Exception):
     """A failed request, carrying the gRPC status code the real service would send."""
 
-    def __init__(self, code: grpc.StatusCode, message: str):
+    def __init__(self, code: grpc.StatusCode, message: str, details: list | None = None):
         super().__init__(message)
         self.code = code
         self.message = message
+        self.details = details or []  # google.rpc detail messages (ErrorInfo, ...) sent with the status
 
 
 def invalid(message: str) -> EmulatorError:

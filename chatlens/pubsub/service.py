@@ -33,6 +33,20 @@ def _describe(request) -> str:
     return text if len(text) <= 300 else text[:300] + "..."
 
 
+def _rich_status(error: EmulatorError):
+    """The status with google.rpc details, as the service sends them (clients read per-id errors)."""
+    from google.protobuf import any_pb2
+    from google.rpc import status_pb2
+    from grpc_status import rpc_status
+
+    details = []
+    for detail in error.details:
+        packed = any_pb2.Any()
+        packed.Pack(detail)
+        details.append(packed)
+    return rpc_status.to_status(status_pb2.Status(code=error.code.value[0], message=error.message, details=details))
+
+
 def _unary(method: str, behaviour: Callable, request_type: str, response_type) -> grpc.RpcMethodHandler:
     """A unary handler that logs the call and turns EmulatorError into its status."""
 
@@ -43,6 +57,8 @@ def _unary(method: str, behaviour: Callable, request_type: str, response_type) -
             return behaviour(request, context)
         except EmulatorError as error:
             log.debug("%s -> %s: %s", method, error.code.name, error.message)
+            if error.details:
+                context.abort_with_status(_rich_status(error))
             context.abort(error.code, error.message)
 
     response_class = raw(response_type) if isinstance(response_type, str) else response_type

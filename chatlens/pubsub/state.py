@@ -44,6 +44,14 @@ DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE = 100, 1000
 MAX_RESPONSE_MESSAGES = 1000
 MAX_RESPONSE_BYTES = 3 * 1024 * 1024  # clients' channels keep gRPC's 4 MiB receive limit
 
+# The service's documented publish limits (cloud.google.com/pubsub/quotas#resource_limits)
+MAX_PUBLISH_MESSAGES = 1000
+MAX_PUBLISH_BYTES = 10 * 1000 * 1000  # a request's messages, and one message: 10 MB
+MAX_ATTRIBUTES = 100
+MAX_ATTRIBUTE_KEY_BYTES = 256
+MAX_ATTRIBUTE_VALUE_BYTES = 1024
+MAX_ORDERING_KEY_BYTES = 1024
+
 _SUBSCRIPTION_UPDATABLE = {
     "ack_deadline_seconds",
     "dead_letter_policy",
@@ -219,6 +227,7 @@ class Broker:
             raise invalid("The request must contain at least one message")
         if any(not m.data and not m.attributes for m in messages):
             raise invalid("Some messages contain neither data nor attributes")
+        _check_publish_limits(messages)
         with self._lock:
             if self._closing:
                 raise EmulatorError(grpc.StatusCode.UNAVAILABLE, "The emulator is shutting down")
@@ -270,7 +279,9 @@ class Broker:
             raise invalid("ack_ids must not be empty")
         with self._lock:
             state = self._subscription(subscription)
-            self._ack(state, ack_ids)
+            rejected = self._ack(state, ack_ids)
+        if rejected and state.config.enable_exactly_once_delivery:
+            raise _ack_id_failure(rejected)
 
     def modify_ack_deadline(self, subscription: str, ack_ids: Sequence[str], seconds: int) -> None:
         check_resource(subscription, "subscriptions")
@@ -443,17 +454,21 @@ class Broker:
         if deadline < self._reaper_due:
             self._reaper_wakeup.notify()
 
-    def _ack(self, state: SubscriptionQueue, ack_ids: Iterable[str]) -> None:
-        changed = False
+    def _ack(self, state: SubscriptionQueue, ack_ids: Iterable[str]) -> list[str]:
+        """Ack what the ids name; return the ids that name no outstanding delivery (unknown,
+        already acked, or superseded by a redelivery): ignored, except with exactly-once delivery."""
+        changed, rejected = False, []
         for ack_id in ack_ids:
             entry = state.by_ack_id.get(ack_id)
-            if entry is None:
-                continue  # unknown or already acked: ignored, as without exactly-once delivery
+            if entry is None or (state.config.enable_exactly_once_delivery and entry.state != Entry.LEASED):
+                rejected.append(ack_id)
+                continue
             state.unlease(entry)
             state.finish(entry)
             changed = True
         if changed:
             state.cond.notify_all()
+        return rejected
 
     def _modify(self, state: SubscriptionQueue, ack_ids: Sequence[str], seconds: Sequence[int]) -> None:
         now = time.monotonic()
@@ -552,6 +567,42 @@ def _check_mask(mask, updatable: set[str], kind: str, unsupported: Iterable[str]
             raise unimplemented(f"Updating {kind} {field}")
         if field not in updatable:
             raise invalid(f"Invalid update_mask path {path!r}: the {kind}'s {field} cannot be updated")
+
+
+def _ack_id_failure(ack_ids: Sequence[str]) -> EmulatorError:
+    """The service's answer to acks that cannot succeed on an exactly-once subscription."""
+    from google.rpc import error_details_pb2
+
+    info = error_details_pb2.ErrorInfo(reason="EXACTLY_ONCE_ACKID_FAILURE", domain="pubsub.googleapis.com",
+                                       metadata={ack_id: "PERMANENT_FAILURE_INVALID_ACK_ID" for ack_id in ack_ids})
+    return EmulatorError(grpc.StatusCode.INVALID_ARGUMENT, "Some acknowledgement ids in the request were invalid.",
+                         [info])
+
+
+def _check_publish_limits(messages: Sequence) -> None:
+    """INVALID_ARGUMENT where the service would refuse the request, with its reason."""
+    if len(messages) > MAX_PUBLISH_MESSAGES:
+        raise invalid(f"The value for message_count is too large. You passed {len(messages)} in the request, "
+                      f"but the maximum value is {MAX_PUBLISH_MESSAGES}.")
+    total = 0
+    for message in messages:
+        size = message.ByteSize()
+        total += size
+        if size > MAX_PUBLISH_BYTES:
+            raise invalid(f"Message size {size} bytes exceeds the limit of {MAX_PUBLISH_BYTES} bytes")
+        if len(message.attributes) > MAX_ATTRIBUTES:
+            raise invalid(f"A message has {len(message.attributes)} attributes; the maximum is {MAX_ATTRIBUTES}")
+        for key, value in message.attributes.items():
+            if len(key.encode()) > MAX_ATTRIBUTE_KEY_BYTES:
+                raise invalid(f"An attribute key is {len(key.encode())} bytes; the maximum is {MAX_ATTRIBUTE_KEY_BYTES}")
+            if len(value.encode()) > MAX_ATTRIBUTE_VALUE_BYTES:
+                raise invalid(f"The value of attribute {key!r} is {len(value.encode())} bytes; "
+                              f"the maximum is {MAX_ATTRIBUTE_VALUE_BYTES}")
+        if len(message.ordering_key.encode()) > MAX_ORDERING_KEY_BYTES:
+            raise invalid(f"An ordering key is {len(message.ordering_key.encode())} bytes; "
+                          f"the maximum is {MAX_ORDERING_KEY_BYTES}")
+    if total > MAX_PUBLISH_BYTES:
+        raise invalid(f"Request payload size exceeds the limit: {MAX_PUBLISH_BYTES} bytes.")
 
 
 def _check_modack_seconds(seconds: Iterable[int]) -> None:
