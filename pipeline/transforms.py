@@ -4,7 +4,7 @@
     messages mode: Envelope ─ ValidateMessages ─ Sessionize ─┴─ DeduplicateWindows ─ AnalyzeWindows ─► insights
                    invalid input ──────────────────────────────► dead letters (stage "validate")
                    duplicates ─────────────────────────────────► settled (acknowledged, no output)
-                   model and post-processing failures ─────────► dead letters ("inference", "reply", "postprocess")
+                   model and post-processing failures ─────────► dead letters ("inference", "postprocess")
 
 - An `Envelope` is one raw input message (bytes, attributes, publish time, Pub/Sub id).
 - `Origin` travels with a ChatWindow through the model stages as the RunInference key:
@@ -71,7 +71,6 @@ log = logging.getLogger(__name__)
 NAMESPACE = "chatlens"
 DEAD_LETTER = "dead_letter"
 SETTLED = "settled"
-STAGES = ("validate", "inference", "reply", "postprocess")
 MAX_FLAGS = 16
 # A DeadLetter's JSON must fit in one Pub/Sub message: base64 grows the payload by a third.
 MAX_DEAD_LETTER_PAYLOAD = (MAX_PAYLOAD_BYTES - 512 * 1024) * 3 // 4 - MAX_ERROR_CHARS * 4

@@ -175,7 +175,7 @@ def test_restart_with_messages_in_flight_loses_nothing(pipelines, outputs):
     # Stop once the model is loaded and analysing the first windows. (Waiting for a first insight
     # is not enough: the local runner may publish a whole bundle's outcomes at once, so with a
     # fast enough model the first insight comes with all the others.)
-    assert wait_until(lambda: first.log_contains("sentiment calibration bias"), WAIT, interval=0.5,
+    assert wait_until(lambda: first.log_contains("XLA compile #1"), WAIT, interval=0.5,
                       while_alive=first), first.log_tail()
     before = len(insights) + len(dead)
     assert first.stop(signal.SIGTERM) == 0
