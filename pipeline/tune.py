@@ -25,11 +25,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from pipeline.corpus import DATA_DIR, Example, load_split, split_path
+from pipeline.model.sources import SHIPPED_ADAPTER
 
 log = logging.getLogger(__name__)
 
-ADAPTERS_DIR = Path(__file__).resolve().parent / "model" / "adapters"
-DEFAULT_ADAPTER = ADAPTERS_DIR / "chatlens-gemma3-270m.lora.h5"
 # Dev figures compared before an adapter is replaced; True where higher is better.
 GUARDED = {("sentiment", "macro_f1"): True, ("sentiment", "ece"): False, ("summary", "rouge_l"): True,
            ("summary", "grounded"): True, ("reply", "rouge_l"): True, ("reply", "grounded"): True,
@@ -47,7 +46,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data-dir", type=Path, default=DATA_DIR, help="corpus directory (default: data/)")
     parser.add_argument("--from-dashboard", metavar="DATABASE_URL",
                         help="also learn from staff corrections and approved or edited replies in this dashboard")
-    parser.add_argument("--out", type=Path, default=DEFAULT_ADAPTER,
+    parser.add_argument("--out", type=Path, default=SHIPPED_ADAPTER,
                         help="adapter file to write, ending in .lora.h5 (default: the shipped adapter)")
     parser.add_argument("--rank", type=int, default=16, help="LoRA rank (default: %(default)s)")
     parser.add_argument("--learning-rate", type=float, default=1e-3, help="peak learning rate (default: %(default)s)")

@@ -97,3 +97,35 @@ def test_injection_chats_hold_when_label_and_format_survive():
     assert figures["injection"] == {"n": 4, "held": 0.0} and len(worst["injection"]) == 4
     plain = [e for e in load_split("test") if "prompt_injection" not in e.hard_cases][:3]
     assert "injection" not in score_system(plain, [Prediction(e.label, 0.9, e.summary, e.reply) for e in plain])[0]
+
+
+@pytest.mark.slow
+def test_the_shipped_adapter_is_the_default_and_beats_the_base_model(model_cache, capsys):  # noqa: F811
+    """`gemma3-270m` is base + the committed adapter, proven by its manifest; on the first 24 `test`
+    chats it clears floors set above the untuned model's full-`test` figures (README table).
+
+    The issue's bars (macro-F1 0.85, summary ROUGE-L 0.45, reply ROUGE-L 0.35) are not met by
+    this adapter; the README says so. These floors guard against losing what tuning bought.
+    """
+    import hashlib
+
+    from pipeline.model.sources import GGUF_SPEC, SHIPPED_ADAPTER, resolve_model
+    from pipeline.tune import manifest_path
+
+    manifest = json.loads(manifest_path(SHIPPED_ADAPTER).read_text())
+    digest = hashlib.sha256(SHIPPED_ADAPTER.read_bytes()).hexdigest()
+    assert manifest["adapter_sha256"] == digest and manifest["base_spec"] == "gemma3-270m-base"
+    assert manifest["training_data"]["sha256"] == hashlib.sha256(
+        (SHIPPED_ADAPTER.parents[3] / "data" / "train.jsonl").read_bytes()).hexdigest()
+    source = resolve_model(GGUF_SPEC, model_cache)
+    assert source.tuned and source.model_id == f"{manifest['base_model']}+chatlens-gemma3-270m@{digest[:8]}"
+    assert main(["eval", "--split", "test", "--limit", "24", "--no-vader", "--model-cache", str(model_cache),
+                 "--json"]) == 0
+    tuned = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["systems"]["gemma3-270m"]
+    assert tuned["model_id"] == source.model_id and tuned["prompt_version"] == "tuned-one-pass-v1"
+    # base on all of test: macro-F1 0.468, ECE 0.117, summary ROUGE-L 0.217 / grounded 82.4%,
+    # reply ROUGE-L 0.087 / grounded 90% / in language 58.9%
+    assert tuned["sentiment"]["ece"] <= 0.15
+    assert tuned["summary"]["rouge_l"] >= 0.30 and tuned["summary"]["grounded"] >= 0.85
+    assert tuned["reply"]["rouge_l"] >= 0.15 and tuned["reply"]["in_language"] >= 0.85
+    assert tuned["reply"]["placeholders"] == 0

