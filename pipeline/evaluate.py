@@ -25,6 +25,7 @@ from pathlib import Path
 from chatlens.contracts import SENTIMENT_LABELS, ChatWindow
 from pipeline import scoring
 from pipeline.corpus import MAX_GOLD_SUMMARY_CHARS, SPLITS, Example, load_examples, split_path
+from pipeline.model.sources import adapter_name
 
 
 @dataclass(frozen=True)
@@ -214,7 +215,7 @@ def run(args: argparse.Namespace) -> int:
     if not args.no_model:
         for model in args.model or [get_settings().model]:
             for adapter in args.adapter or []:
-                systems.append((f"{model}+{adapter.name.removesuffix('.lora.h5')}", lambda m=model, a=adapter: (
+                systems.append((f"{model}+{adapter_name(adapter)}", lambda m=model, a=adapter: (
                     gemma_system(m, None, args.batch_size, args.model_cache, a))))
             for variant in ([] if args.adapter else args.prompt_variant or [None]):
                 name = f"{model}/{variant}" if variant else model

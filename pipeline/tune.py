@@ -25,7 +25,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from pipeline.corpus import DATA_DIR, Example, load_split, split_path
-from pipeline.model.sources import SHIPPED_ADAPTER
+from pipeline.model.sources import SHIPPED_ADAPTER, ModelSpecError, adapter_name
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +36,7 @@ GUARDED = {("sentiment", "macro_f1"): True, ("sentiment", "ece"): False, ("summa
 
 
 def manifest_path(adapter: Path) -> Path:
-    return adapter.with_name(adapter.name.removesuffix(".lora.h5") + ".manifest.json")
+    return adapter.with_name(adapter_name(adapter) + ".manifest.json")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -104,15 +104,17 @@ def run(args: argparse.Namespace) -> int:
     from pipeline.model.tuning import LoraTrainer, epoch_batches, steps_per_epoch
 
     use_default_env()
-    if not args.out.name.endswith(".lora.h5"):
-        raise SystemExit("--out must end in .lora.h5 (keras-hub's adapter format)")
+    try:
+        name = adapter_name(args.out)
+    except ModelSpecError as error:
+        raise SystemExit(f"--out: {error}") from None
     started = time.perf_counter()
     cache = args.model_cache or get_settings().cache
     lm, source = load_causal_lm(args.model, cache_dir=cache)
     from pipeline.model.one_pass import OnePassEngine
 
     # The engine the pipeline will run, over the model being tuned: its format and its dev figures.
-    engine = OnePassEngine(lm, f"{source.model_id}+{args.out.name.removesuffix('.lora.h5')}")
+    engine = OnePassEngine(lm, f"{source.model_id}+{name}")
     vocabulary = engine.decoder.vocabulary
     train, taught, data_sha = training_examples(args)
     dev = load_split("dev", args.data_dir)[: args.dev_limit]

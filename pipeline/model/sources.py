@@ -22,6 +22,7 @@ tuned model costs nothing extra per token. Its `model_id` names the base and the
 from __future__ import annotations
 
 import fcntl
+import functools
 import hashlib
 import json
 import logging
@@ -84,12 +85,26 @@ def import_keras_hub() -> ModuleType:
             f"ChatLens needs the JAX keras backend but keras is using {backend!r} ({why}); "
             "set KERAS_BACKEND=jax before anything imports keras."
         )
-    with native_noise_filtered():  # TensorFlow (tokenizers) probes for CUDA on import and first op
+    return _quiet_keras_hub()
+
+
+@functools.cache
+def _quiet_keras_hub() -> ModuleType:
+    """keras-hub imported once, with TensorFlow's CUDA probing (on import and first op) filtered."""
+    with native_noise_filtered():
         import keras_hub
         import tensorflow as tf
 
         tf.constant(0)
     return keras_hub
+
+
+def adapter_name(adapter: str | Path) -> str:
+    """'chatlens-gemma3-270m' for '.../chatlens-gemma3-270m.lora.h5'; a clear error for other files."""
+    name = Path(adapter).name
+    if not name.endswith(ADAPTER_SUFFIX):
+        raise ModelSpecError(f"adapter {str(adapter)!r}: not a {ADAPTER_SUFFIX} file (keras-hub's adapter format)")
+    return name.removesuffix(ADAPTER_SUFFIX)
 
 
 def resolve_model(spec: str, cache_dir: str | Path | None = None, adapter: str | Path | None = None) -> ModelSource:
@@ -190,10 +205,10 @@ def _bundled_gguf(cache_dir: Path) -> ModelSource:
 
 def _with_adapter(base: ModelSource, adapter: Path, cache_dir: Path) -> ModelSource:
     """`base` with a keras-hub LoRA adapter folded into its kernels, saved once as a preset."""
-    if not adapter.name.endswith(ADAPTER_SUFFIX) or not adapter.is_file():
+    name = adapter_name(adapter)
+    if not adapter.is_file():
         raise ModelSpecError(f"adapter {str(adapter)!r}: no {ADAPTER_SUFFIX} file there")
     digest = hashlib.sha256(adapter.read_bytes()).hexdigest()
-    name = adapter.name.removesuffix(ADAPTER_SUFFIX)
     model_id = f"{base.model_id}+{name}@{digest[:8]}"
     marker = {
         "model_id": model_id,
