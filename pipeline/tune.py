@@ -4,8 +4,11 @@ Trains on `data/train.jsonl` (plus, with `--from-dashboard`, what staff taught t
 dashboard: corrected labels and approved or edited replies), one sequence per chat in the
 one-pass format of `pipeline/model/chat_format.py`, with loss on the answers only. Each
 epoch ends with the loss on `data/dev.jsonl`, and the adapter kept is the one of the epoch with
-the lowest dev loss (so `--epochs` is an upper bound chosen on dev); the run ends with the dev
-figures of that adapter (`chatlens eval`'s metrics). An existing adapter at `--out` is replaced only if
+the lowest dev loss (so `--epochs` is an upper bound chosen on dev). Then the label calibration
+(`pipeline/model/calibration.py`: a per-label bias for dev macro-F1, a temperature for honest
+confidence) is fitted on dev, and the run ends with the dev figures of the calibrated adapter
+(`chatlens eval`'s metrics). `--recalibrate` skips training: it refits the calibration of the
+adapter at `--out` and re-measures its dev figures. An existing adapter at `--out` is replaced only if
 no dev figure falls (`--force` replaces it anyway); the run says which figure fell.
 A checkpoint is written every `--checkpoint-every` steps; `--resume` continues from it.
 """
@@ -25,7 +28,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from pipeline.corpus import DATA_DIR, Example, load_split, split_path
-from pipeline.model.sources import SHIPPED_ADAPTER, ModelSpecError, adapter_name
+from pipeline.model.sources import SHIPPED_ADAPTER, ModelSpecError, adapter_name, manifest_path
 
 log = logging.getLogger(__name__)
 
@@ -33,10 +36,6 @@ log = logging.getLogger(__name__)
 GUARDED = {("sentiment", "macro_f1"): True, ("sentiment", "ece"): False, ("summary", "rouge_l"): True,
            ("summary", "grounded"): True, ("reply", "rouge_l"): True, ("reply", "grounded"): True,
            ("reply", "in_language"): True, ("injection", "held"): True}
-
-
-def manifest_path(adapter: Path) -> Path:
-    return adapter.with_name(adapter_name(adapter) + ".manifest.json")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -63,6 +62,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--checkpoint-every", type=int, default=25, help="steps between checkpoints (default: %(default)s)")
     parser.add_argument("--resume", action="store_true", help="continue from the checkpoint in --checkpoint-dir")
     parser.add_argument("--force", action="store_true", help="replace the adapter even if a dev figure falls")
+    parser.add_argument("--recalibrate", action="store_true",
+                        help="no training: refit the label calibration of the adapter at --out on dev and "
+                             "re-measure its dev figures (its manifest keeps how it was trained)")
 
 
 def training_examples(args: argparse.Namespace) -> tuple[list[Example], int, str]:
@@ -94,14 +96,10 @@ def fell(old: dict, new: dict) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    import numpy as np
-    from tqdm import tqdm
-
     from chatlens.config import get_settings
-    from pipeline.model.chat_format import training_sequence
     from pipeline.model.handler import use_default_env
+    from pipeline.model.one_pass import OnePassEngine
     from pipeline.model.sources import load_causal_lm
-    from pipeline.model.tuning import LoraTrainer, epoch_batches, steps_per_epoch
 
     use_default_env()
     try:
@@ -109,17 +107,40 @@ def run(args: argparse.Namespace) -> int:
     except ModelSpecError as error:
         raise SystemExit(f"--out: {error}") from None
     started = time.perf_counter()
-    cache = args.model_cache or get_settings().cache
-    lm, source = load_causal_lm(args.model, cache_dir=cache)
-    from pipeline.model.one_pass import OnePassEngine
-
+    lm, source = load_causal_lm(args.model, cache_dir=args.model_cache or get_settings().cache)
     # The engine the pipeline will run, over the model being tuned: its format and its dev figures.
     engine = OnePassEngine(lm, f"{source.model_id}+{name}")
-    vocabulary = engine.decoder.vocabulary
-    train, taught, data_sha = training_examples(args)
     dev = load_split("dev", args.data_dir)[: args.dev_limit]
+    if args.recalibrate:
+        try:
+            manifest = json.loads(manifest_path(args.out).read_text())
+        except FileNotFoundError:
+            raise SystemExit(f"--recalibrate: no manifest beside {args.out}") from None
+        lm.backbone.load_lora_weights(str(args.out))
+    else:
+        manifest = train(args, lm, engine, dev)
+        manifest["base_model"], manifest["base_spec"] = source.model_id, args.model
+    manifest["label_calibration"] = calibrate(engine, dev)
+    manifest["dev"] = dev_figures(engine, dev)
+    manifest["wall_seconds"] = round(time.perf_counter() - started, 1)  # this run: loading, training, dev figures
+    manifest["machine"] = {"platform": platform.platform(), "cpus": os.cpu_count(),
+                           "devices": sorted({d.device_kind for d in __import__("jax").devices()})}
+    manifest["created_at"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    return publish(lm.backbone, manifest, args.out, args.force)
+
+
+def train(args: argparse.Namespace, lm, engine, dev: list[Example]) -> dict:
+    """LoRA-tune `lm` in place (the epoch of lowest dev loss kept); what the manifest says of it."""
+    import numpy as np
+    from tqdm import tqdm
+
+    from pipeline.model.chat_format import training_sequence
+    from pipeline.model.tuning import LoraTrainer, epoch_batches, steps_per_epoch
+
+    vocabulary = engine.decoder.vocabulary
+    train_set, taught, data_sha = training_examples(args)
     encode = lambda e: training_sequence(vocabulary, e.window, e.label, e.summary, e.reply, e.gold)  # noqa: E731
-    train_seqs = [encode(e) for e in train]
+    train_seqs = [encode(e) for e in train_set]
     dev_seqs = [encode(e) for e in dev]
     epoch_steps = steps_per_epoch(train_seqs, args.batch_tokens, args.seed)
     total = epoch_steps * args.epochs
@@ -177,31 +198,48 @@ def run(args: argparse.Namespace) -> int:
         chosen = progress["history"][-1]["epoch"]
     print(f"keeping epoch {chosen} (lowest dev loss)", file=sys.stderr)
     trainer.sync()
-    from pipeline.evaluate import engine_predictions, score_system
-
-    with tqdm(total=len(dev), desc="dev figures", unit="chat", file=sys.stderr) as bar:
-        predictions = engine_predictions(engine, dev, 8, bar.update)
-    figures, _ = score_system(dev, predictions)
-    manifest = {
+    return {
         "adapter": args.out.name,
-        "base_model": source.model_id,
-        "base_spec": args.model,
         "training_data": {"files": ["data/train.jsonl"] + (["dashboard"] if args.from_dashboard else []),
-                          "sha256": data_sha, "chats": len(train), "from_dashboard": taught},
+                          "sha256": data_sha, "chats": len(train_set), "from_dashboard": taught},
         "hyperparameters": {"rank": args.rank, "learning_rate": args.learning_rate, "epochs": args.epochs,
                             "batch_tokens": args.batch_tokens, "optimizer": "AdamW, cosine decay, 5% warm-up",
                             "max_prompt_tokens": engine.decoder.max_prompt_tokens},
         "seed": args.seed,
         "history": progress["history"],
         "chosen_epoch": chosen,
-        "dev": {"chats": len(dev), **figures},
         "train_seconds": round(progress.get("train_seconds", 0.0), 1),  # optimizer steps, over every --resume
-        "wall_seconds": round(time.perf_counter() - started, 1),  # this run: loading, training, dev figures
-        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
-                    "devices": sorted({d.device_kind for d in __import__("jax").devices()})},
-        "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }
-    return publish(lm.backbone, manifest, args.out, args.force)
+
+
+def calibrate(engine, dev: list[Example]) -> dict:
+    """Fit the label calibration on dev's label logits and put it in `engine`; its manifest entry."""
+    from tqdm import tqdm
+
+    from pipeline.model import calibration
+
+    logits = []
+    with tqdm(total=len(dev), desc="calibrate", unit="chat", file=sys.stderr) as bar:
+        for start in range(0, len(dev), 8):
+            logits.extend(engine.label_logits([e.window for e in dev[start : start + 8]]))
+            bar.update(len(dev[start : start + 8]))
+    fitted = calibration.fit(logits, [e.label for e in dev])
+    engine.decoder.calibration = fitted
+    print(f"label calibration on {len(dev)} dev chats: bias {fitted.bias}, temperature {fitted.temperature}",
+          file=sys.stderr)
+    return {**fitted.to_json(), "fitted_on": f"dev ({len(dev)} chats)"}
+
+
+def dev_figures(engine, dev: list[Example]) -> dict:
+    """`chatlens eval`'s figures of `engine` on dev."""
+    from tqdm import tqdm
+
+    from pipeline.evaluate import engine_predictions, score_system
+
+    with tqdm(total=len(dev), desc="dev figures", unit="chat", file=sys.stderr) as bar:
+        predictions = engine_predictions(engine, dev, 8, bar.update)
+    figures, _ = score_system(dev, predictions)
+    return {"chats": len(dev), **figures}
 
 
 def publish(backbone, manifest: dict, out: Path, force: bool) -> int:

@@ -109,8 +109,8 @@ def test_the_shipped_adapter_is_the_default_and_beats_the_base_model(model_cache
     """
     import hashlib
 
-    from pipeline.model.sources import GGUF_SPEC, SHIPPED_ADAPTER, resolve_model
-    from pipeline.tune import manifest_path
+    from pipeline.model.calibration import LabelCalibration
+    from pipeline.model.sources import GGUF_SPEC, SHIPPED_ADAPTER, manifest_path, resolve_model
 
     manifest = json.loads(manifest_path(SHIPPED_ADAPTER).read_text())
     digest = hashlib.sha256(SHIPPED_ADAPTER.read_bytes()).hexdigest()
@@ -118,7 +118,8 @@ def test_the_shipped_adapter_is_the_default_and_beats_the_base_model(model_cache
     assert manifest["training_data"]["sha256"] == hashlib.sha256(
         (SHIPPED_ADAPTER.parents[3] / "data" / "train.jsonl").read_bytes()).hexdigest()
     source = resolve_model(GGUF_SPEC, model_cache)
-    assert source.tuned and source.model_id == f"{manifest['base_model']}+chatlens-gemma3-270m@{digest[:8]}"
+    assert source.tuned and source.model_id.startswith(f"{manifest['base_model']}+chatlens-gemma3-270m@")
+    assert source.calibration == LabelCalibration.from_json(manifest["label_calibration"]) != LabelCalibration()
     assert main(["eval", "--split", "test", "--limit", "24", "--no-vader", "--model-cache", str(model_cache),
                  "--json"]) == 0
     tuned = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["systems"]["gemma3-270m"]

@@ -129,8 +129,43 @@ def test_reply_for_negative_replies_where_the_label_comes_out_negative(tiny_lm, 
         decoder.run([chats[0].window], ["sometimes"])
 
 
+def test_the_calibration_moves_the_label_and_the_reply_decision_and_only_rescales_confidence(tiny_lm, chats):  # noqa: F811
+    from pipeline.model.calibration import LabelCalibration
+
+    windows = [c.window for c in chats]
+    plain = OnePassDecoder(tiny_lm, summary_tokens=3, reply_tokens=2)
+    raw = np.array([o.label_logits for o in plain.run(windows, label_only=True)])
+    assert all(o.summary == "" and o.reply is None for o in plain.run(windows, ["all"] * 8, label_only=True))
+    np.testing.assert_allclose(raw, [o.label_logits for o in plain.run(windows, ["all"] * 8)], atol=1e-5)
+    calibration = LabelCalibration(bias=(50.0, 0.0, 0.0), temperature=3.0)  # everything negative
+    biased = OnePassDecoder(tiny_lm, summary_tokens=3, reply_tokens=2, calibration=calibration)
+    outputs = biased.run(windows, ["negative"] * 8)
+    np.testing.assert_allclose([o.probabilities for o in outputs], calibration.probabilities(raw), atol=1e-5)
+    assert all(o.probabilities[0] > 0.99 and o.reply is not None for o in outputs)  # the fed label is the biased one
+
+
+def test_fitting_a_calibration_finds_the_missed_class_and_honest_confidence():
+    from pipeline.model.calibration import LabelCalibration, fit, macro_f1
+
+    rng = np.random.default_rng(0)
+    gold = rng.integers(-1, 2, 600)
+    logits = rng.normal(0, 1, (600, 3)) + 2.0 * np.eye(3)[gold + 1]
+    logits[:, 1] += 1.5  # a model that leans to neutral
+    before = macro_f1(gold + 1, logits.argmax(1))
+    fitted = fit(logits, gold)
+    assert fitted.bias[1] == 0 and fitted.bias[0] > 0.5 and fitted.bias[2] > 0.5
+    assert macro_f1(gold + 1, fitted.probabilities(logits).argmax(1)) > before + 0.1
+    probabilities = fitted.probabilities(logits)
+    confidence, correct = probabilities.max(1), probabilities.argmax(1) == gold + 1
+    assert abs(confidence.mean() - correct.mean()) < 0.05  # the temperature makes confidence match accuracy
+    assert LabelCalibration.from_json(fitted.to_json()) == fitted and LabelCalibration.from_json(None) == LabelCalibration()
+
+
 def test_an_adapter_is_merged_once_into_a_cached_preset_that_gives_the_tuned_logits(model_cache, tmp_path):  # noqa: F811
-    from pipeline.model.sources import ModelSpecError, resolve_model
+    import json
+
+    from pipeline.model.calibration import LabelCalibration
+    from pipeline.model.sources import ModelSpecError, manifest_path, resolve_model
 
     base_dir = tmp_path / "tiny-base"
     tiny_gemma_lm(model_cache).save_to_preset(str(base_dir))
@@ -150,6 +185,11 @@ def test_an_adapter_is_merged_once_into_a_cached_preset_that_gives_the_tuned_log
     np.testing.assert_allclose(np.asarray(merged.backbone(inputs)), np.asarray(tuned.backbone(inputs)), atol=1e-4)
     again = resolve_model(str(base_dir), tmp_path / "cache", adapter=adapter)
     assert not again.converted and again.preset == source.preset  # merged once, then loaded from the cache
+    # The label calibration in the adapter's manifest travels with it, and is part of its version.
+    manifest_path(adapter).write_text(json.dumps({"label_calibration": {"bias": [1.5, 0, -0.5], "temperature": 2.0}}))
+    calibrated = resolve_model(str(base_dir), tmp_path / "cache", adapter=adapter)
+    assert calibrated.calibration == LabelCalibration((1.5, 0.0, -0.5), 2.0) and calibrated.model_id != source.model_id
+    assert resolve_model(calibrated.preset, tmp_path / "cache").calibration == calibrated.calibration  # a baked preset
     with pytest.raises(ModelSpecError, match="lora.h5"):
         resolve_model(str(base_dir), tmp_path / "cache", adapter=tmp_path / "missing.lora.h5")
 
@@ -165,7 +205,7 @@ def test_tune_from_dashboard_learns_what_staff_taught_and_never_replaces_a_bette
 
     from app.main import create_app
     from chatlens.cli import main
-    from pipeline.tune import manifest_path
+    from pipeline.model.sources import manifest_path
 
     database_url, tokens = staffed_database("sqlite", tmp_path)
     store(database_url, make_insight("taught-label", sentiment=1, start=T0),

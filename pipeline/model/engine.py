@@ -121,7 +121,8 @@ class GemmaEngine:
         if source.tuned:
             from pipeline.model.one_pass import OnePassEngine
 
-            return OnePassEngine(causal_lm, source.model_id, max_prompt_tokens=config.max_prompt_tokens)
+            return OnePassEngine(causal_lm, source.model_id, max_prompt_tokens=config.max_prompt_tokens,
+                                 calibration=source.calibration)
         variant = prompt_variant or ("chat" if source.instruction_tuned else "completion")
         return cls(causal_lm, source.model_id, load_prompts(variant), config)
 

@@ -2,7 +2,8 @@
 
 For a batch of chats (left-padded, one length group):
 1. the prompts are prefilled once into one attention cache; the label probabilities are
-   the three label tokens' probabilities at the prompt's end, renormalised;
+   the three label tokens' logits at the prompt's end through the adapter's calibration
+   (`pipeline/model/calibration.py`), and the label is their argmax;
 2. each row is fed its label token and the summary cue, then decodes its summary greedily;
 3. a row whose reply is wanted (`reply_for`: always, or where its label came out negative)
    is fed the reply cue as soon as its summary ends and decodes the reply on the same cache;
@@ -28,6 +29,7 @@ import numpy as np
 
 from chatlens.contracts import MAX_REPLY_CHARS, MAX_SUMMARY_CHARS, ChatWindow
 from pipeline.model.analysis import REPLY_FOR, WindowAnalysis, reply_policies
+from pipeline.model.calibration import LabelCalibration
 from pipeline.model.chat_format import MAX_PROMPT_TOKENS, REPLY_TOKENS, SUMMARY_TOKENS, Vocabulary
 from pipeline.model.generation import BATCH_BUCKETS, LENGTH_BUCKETS, bucket, clean_completion, length_groups
 
@@ -40,7 +42,8 @@ SUMMARY, REPLY_CUE, REPLY, DONE = 0, 1, 2, 3  # a row's phase while decoding
 class ChatOutput:
     """What one pass produced for one chat."""
 
-    probabilities: tuple[float, float, float]  # P(negative), P(neutral), P(positive)
+    probabilities: tuple[float, float, float]  # P(negative), P(neutral), P(positive), calibrated
+    label_logits: tuple[float, float, float]  # before calibration, for fitting one
     summary: str
     reply: str | None
     truncated: bool
@@ -52,7 +55,8 @@ class OnePassDecoder:
     """Label probabilities, summary and reply from one prefill per chat, batched."""
 
     def __init__(self, causal_lm, *, max_prompt_tokens: int = MAX_PROMPT_TOKENS,
-                 summary_tokens: int = SUMMARY_TOKENS, reply_tokens: int = REPLY_TOKENS):
+                 summary_tokens: int = SUMMARY_TOKENS, reply_tokens: int = REPLY_TOKENS,
+                 calibration: LabelCalibration = LabelCalibration()):
         self.lm = causal_lm
         self.backbone = causal_lm.backbone
         tokenizer = causal_lm.preprocessor.tokenizer
@@ -61,6 +65,7 @@ class OnePassDecoder:
         self.max_prompt_tokens = max_prompt_tokens
         self.summary_tokens = summary_tokens
         self.reply_tokens = reply_tokens
+        self.calibration = calibration
         self.compiles: list[str] = []
         self._lock = threading.Lock()
         self._run = self._build()
@@ -108,7 +113,7 @@ class OnePassDecoder:
         max_summary, max_reply = self.summary_tokens, self.reply_tokens
 
         @functools.partial(jax.jit, static_argnames=("steps",))
-        def run(state, prompt_ids, key_mask, reply_mode, steps):
+        def run(state, prompt_ids, key_mask, reply_mode, label_bias, steps):
             batch, length = prompt_ids.shape
             total = length + 1 + cue.shape[0] + steps
             shape = (batch, total, backbone.num_key_value_heads, backbone.head_dim)
@@ -118,8 +123,9 @@ class OnePassDecoder:
             with self._scope(state):
                 hidden, cache = self._forward(prompt_ids, cache, 0, mask)
                 label_logits = self._logits(hidden[:, -1:, :])[:, 0, :][:, labels]
-                probabilities = jax.nn.softmax(label_logits, axis=-1)
-                chosen = labels[jnp.argmax(probabilities, axis=-1)]
+                if steps == 0:  # the label only
+                    return label_logits, jnp.zeros((batch, 0), "int32"), jnp.zeros((batch, 0), "int32")
+                chosen = labels[jnp.argmax(label_logits + label_bias, axis=-1)]
                 # reply_mode is an index into REPLY_FOR: 0 negative, 1 all, 2 none
                 wants_reply = (reply_mode == 1) | ((reply_mode == 0) & (chosen == labels[0]))
                 head = jnp.concatenate([chosen[:, None], jnp.broadcast_to(cue, (batch, cue.shape[0]))], axis=1)
@@ -155,13 +161,15 @@ class OnePassDecoder:
             carry = (0, cache, logits, zeros + SUMMARY, zeros, zeros, jnp.zeros((batch, steps), "int32"),
                      jnp.full((batch, steps), DONE, "int32"))
             _, _, _, _, _, _, tokens, phases = jax.lax.while_loop(running, step, carry)
-            return probabilities, tokens, phases
+            return label_logits, tokens, phases
 
         return run
 
-    def run(self, windows: Sequence[ChatWindow], reply_for: Sequence[str] | None = None) -> list[ChatOutput]:
+    def run(self, windows: Sequence[ChatWindow], reply_for: Sequence[str] | None = None,
+            label_only: bool = False) -> list[ChatOutput]:
         """One pass per chat; `reply_for[i]` says when chat i gets a reply: 'negative' (when its
-        label comes out negative), 'all' or 'none' (the default)."""
+        label comes out negative), 'all' or 'none' (the default). `label_only` stops after the
+        label (no summary, no reply): what classifying and fitting a calibration need."""
         wants = reply_policies(reply_for if reply_for is not None else "none", len(windows))
         prompts, cut = zip(*(self.vocabulary.prompt(w, self.max_prompt_tokens) for w in windows))
         outputs: list[ChatOutput | None] = [None] * len(windows)
@@ -170,11 +178,12 @@ class OnePassDecoder:
             # the decoding steps, not the prefill, are most of the cost here, and every group decodes
             # them again; one group also means one XLA program per length bucket, not per group shape.
             for group in length_groups([len(p) for p in prompts], max_spread=self.max_prompt_tokens):
-                for i, out in zip(group, self._run_group([prompts[i] for i in group], [wants[i] for i in group])):
+                rows = self._run_group([prompts[i] for i in group], [wants[i] for i in group], label_only)
+                for i, out in zip(group, rows):
                     outputs[i] = ChatOutput(truncated=cut[i], **out)
         return outputs  # type: ignore[return-value]
 
-    def _run_group(self, prompts: list[list[int]], wants: list[str]) -> list[dict]:
+    def _run_group(self, prompts: list[list[int]], wants: list[str], label_only: bool = False) -> list[dict]:
         batch = bucket(len(prompts), BATCH_BUCKETS)
         length = bucket(max(map(len, prompts)), LENGTH_BUCKETS)
         filler = min(prompts, key=len)
@@ -186,19 +195,22 @@ class OnePassDecoder:
         modes = np.array([REPLY_FOR.index(w) for w in wants] + [REPLY_FOR.index("none")] * (batch - len(prompts)),
                          "int32")
         may_reply = any(w != "none" for w in wants)
-        steps = self.summary_tokens + 1 + (len(self.vocabulary.reply_cue) + self.reply_tokens if may_reply else 0)
+        steps = 0 if label_only else (
+            self.summary_tokens + 1 + (len(self.vocabulary.reply_cue) + self.reply_tokens if may_reply else 0))
         key = f"one-pass batch={batch} length={length} steps={steps}"
         if key not in self.compiles:
             self.compiles.append(key)
             log.info("XLA compile #%d: %s", len(self.compiles), key)
-        probabilities, tokens, phases = self._run(self._state(), token_ids, mask, modes, steps=steps)
-        probabilities, tokens, phases = map(np.asarray, (probabilities, tokens, phases))
+        bias = np.asarray(self.calibration.bias, "float32")
+        logits, tokens, phases = map(np.asarray, self._run(self._state(), token_ids, mask, modes, bias, steps=steps))
+        probabilities = self.calibration.probabilities(logits)
         results = []
         for row in range(len(prompts)):
             summary = [t for t, p in zip(tokens[row], phases[row]) if p == SUMMARY]
             reply = [t for t, p in zip(tokens[row], phases[row]) if p == REPLY]
             results.append({
                 "probabilities": tuple(float(x) for x in probabilities[row]),
+                "label_logits": tuple(float(x) for x in logits[row]),
                 "summary": self._finish(summary, "summary"),
                 "reply": self._finish(reply, "reply") if any(p == REPLY_CUE for p in phases[row]) else None,
                 "summary_tokens": len(self._content(summary)),
@@ -224,8 +236,9 @@ class OnePassEngine:
 
     prompt_version = "tuned-one-pass-v1"
 
-    def __init__(self, causal_lm, model_id: str, max_prompt_tokens: int = MAX_PROMPT_TOKENS):
-        self.decoder = OnePassDecoder(causal_lm, max_prompt_tokens=max_prompt_tokens)
+    def __init__(self, causal_lm, model_id: str, max_prompt_tokens: int = MAX_PROMPT_TOKENS,
+                 calibration: LabelCalibration = LabelCalibration()):
+        self.decoder = OnePassDecoder(causal_lm, max_prompt_tokens=max_prompt_tokens, calibration=calibration)
         self.model_id = model_id
         self.batches = 0
         self.generated_tokens = 0
@@ -250,7 +263,12 @@ class OnePassEngine:
         return results
 
     def classify(self, windows: Sequence[ChatWindow]) -> list[tuple[float, float, float]]:
-        return [analysis.scores for analysis in self.analyze(windows)]
+        """Calibrated label probabilities only: no decoding."""
+        return [out.probabilities for out in self.decoder.run(windows, label_only=True)]
+
+    def label_logits(self, windows: Sequence[ChatWindow]) -> np.ndarray:
+        """The label tokens' raw logits (n, 3): what a calibration is fitted on."""
+        return np.array([out.label_logits for out in self.decoder.run(windows, label_only=True)])
 
     def get_stats(self) -> dict:
         return {"compiles": list(self.decoder.compiles), "batches": self.batches,

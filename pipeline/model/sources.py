@@ -17,6 +17,8 @@ Specs:
 Any spec plus an adapter (`--adapter FILE.lora.h5`, tuned for that base) is merged once
 into a preset under the cache, named by the adapter's sha256, and loaded from there: a
 tuned model costs nothing extra per token. Its `model_id` names the base and the adapter.
+The label calibration in the adapter's manifest (`FILE.manifest.json`, written by `chatlens
+tune`) travels with it: into the preset's marker, and into the version in the `model_id`.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from typing import Any, Literal
 
 from chatlens.config import get_settings
 from chatlens.quiet import native_noise_filtered
+from pipeline.model.calibration import LabelCalibration
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +68,7 @@ class ModelSource:
     instruction_tuned: bool  # chat-template prompts vs plain-continuation prompts
     converted: bool = False  # True when resolving this spec ran a conversion or an adapter merge
     tuned: bool = False  # tuned by ChatLens: answers in one pass (pipeline/model/chat_format.py)
+    calibration: LabelCalibration = LabelCalibration()  # a tuned model's, from its manifest
 
     def load(self, dtype: str = "float32") -> Any:
         """The `keras_hub.models.CausalLM` (a `Gemma3CausalLM` for the bundled GGUF)."""
@@ -105,6 +109,20 @@ def adapter_name(adapter: str | Path) -> str:
     if not name.endswith(ADAPTER_SUFFIX):
         raise ModelSpecError(f"adapter {str(adapter)!r}: not a {ADAPTER_SUFFIX} file (keras-hub's adapter format)")
     return name.removesuffix(ADAPTER_SUFFIX)
+
+
+def manifest_path(adapter: str | Path) -> Path:
+    """Where `chatlens tune` writes an adapter's manifest: beside it, `NAME.manifest.json`."""
+    return Path(adapter).with_name(adapter_name(adapter) + ".manifest.json")
+
+
+def adapter_calibration(adapter: str | Path) -> LabelCalibration:
+    """The label calibration in the adapter's manifest; none (identity) without one."""
+    try:
+        manifest = json.loads(manifest_path(adapter).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return LabelCalibration()
+    return LabelCalibration.from_json(manifest.get("label_calibration"))
 
 
 def resolve_model(spec: str, cache_dir: str | Path | None = None, adapter: str | Path | None = None) -> ModelSource:
@@ -208,12 +226,17 @@ def _with_adapter(base: ModelSource, adapter: Path, cache_dir: Path) -> ModelSou
     name = adapter_name(adapter)
     if not adapter.is_file():
         raise ModelSpecError(f"adapter {str(adapter)!r}: no {ADAPTER_SUFFIX} file there")
-    digest = hashlib.sha256(adapter.read_bytes()).hexdigest()
+    calibration = adapter_calibration(adapter)
+    digest = hashlib.sha256(adapter.read_bytes())
+    if calibration != LabelCalibration():
+        digest.update(json.dumps(calibration.to_json(), sort_keys=True).encode())
+    digest = digest.hexdigest()
     model_id = f"{base.model_id}+{name}@{digest[:8]}"
     marker = {
         "model_id": model_id,
         "instruction_tuned": base.instruction_tuned,
         "tuned": True,
+        "label_calibration": calibration.to_json(),
         "source_sha256": hashlib.sha256(f"{base.model_id}|{digest}".encode()).hexdigest(),
         "converter_version": "lora-merge-1",
     }
@@ -226,7 +249,7 @@ def _with_adapter(base: ModelSource, adapter: Path, cache_dir: Path) -> ModelSou
 
     return ModelSource(spec=f"{base.spec}+{adapter}", kind="preset_dir", preset=str(preset_dir), model_id=model_id,
                        instruction_tuned=base.instruction_tuned, converted=_ensure_preset(preset_dir, marker, merge),
-                       tuned=True)
+                       tuned=True, calibration=calibration)
 
 
 def _ensure_preset(preset_dir: Path, marker: dict[str, Any], build: Callable[[Path], None]) -> bool:
@@ -292,6 +315,7 @@ def _preset_dir(spec: str, path: Path) -> ModelSource:
         model_id=str(marker.get("model_id", name)),
         instruction_tuned=bool(marker.get("instruction_tuned", _INSTRUCT.search(name))),
         tuned=bool(marker.get("tuned", False)),
+        calibration=LabelCalibration.from_json(marker.get("label_calibration")),
     )
 
 
