@@ -23,11 +23,13 @@
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import json
 import logging
 import threading
 import time
+import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -40,6 +42,7 @@ from apache_beam.io.gcp.pubsub import PubsubMessage
 from apache_beam.metrics import Metrics
 from apache_beam.runners.direct.direct_runner import _DirectReadFromPubSub
 from apache_beam.runners.direct.transform_evaluator import TransformEvaluatorRegistry, _PubSubReadEvaluator
+from apache_beam import typehints
 from apache_beam.transforms import trigger as triggers
 from apache_beam.transforms import userstate, window
 from apache_beam.utils.timestamp import Duration, Timestamp
@@ -624,6 +627,44 @@ class _BuildInsightFn(beam.DoFn):
         yield Output(insight, insight_attributes(insight), origin.source_ids)
 
 
+LENGTH_BUCKET_BOUNDARIES = (256, 1024, 4096, 16384)  # characters of chat text
+
+
+class _KeyByWorkerAndLength(beam.DoFn):
+    """(worker, length bucket) keys: a worker's chats of similar length batch together."""
+
+    def setup(self):
+        self.worker = uuid.uuid4().hex
+
+    def process(self, element):
+        _route, (_origin, chat) = element
+        length = sum(len(m.text) for m in chat.messages)
+        yield (self.worker, bisect.bisect_right(LENGTH_BUCKET_BOUNDARIES, length)), element
+
+
+class BatchChats(beam.PTransform):
+    """Streaming batches for the model: up to `size` chats of similar length from one worker, or
+    what has waited `max_wait_secs`; RunInference takes each as one batch (the stage's handler
+    is `prebatched`).
+
+    Beam's own deadline batching (`BatchElements(max_batch_duration_secs=...)`) keys its state by
+    an untyped tuple, whose coder is not deterministic (Beam warns; on Dataflow state can be
+    mis-routed); these keys are typed, so their coder is deterministic.
+    """
+
+    def __init__(self, size: int, max_wait_secs: float):
+        super().__init__()
+        self._size = size
+        self._max_wait_secs = max_wait_secs
+
+    def expand(self, chats):
+        key = typehints.Tuple[typehints.Tuple[str, int], typehints.Any]
+        return (chats
+                | "Key" >> beam.ParDo(_KeyByWorkerAndLength()).with_output_types(key)
+                | "Group" >> beam.GroupIntoBatches(self._size, max_buffering_duration_secs=self._max_wait_secs)
+                | "Batches" >> beam.Values())
+
+
 class AnalyzeWindows(beam.PTransform):
     """(Origin, ChatWindow) -> ChatInsight Outputs, plus dead letters of the model stage.
 
@@ -663,9 +704,10 @@ class AnalyzeWindows(beam.PTransform):
             origin, chat = element[1].example
             return origin, chat, element[1].inference
 
-        analysed, failures = (
-            windows | "Reshuffle" >> beam.Reshuffle() | "Route" >> beam.Map(keyed)
-            | "Analyze" >> self._run_inference())
+        routed = windows | "Reshuffle" >> beam.Reshuffle() | "Route" >> beam.Map(keyed)
+        if stage.prebatched:
+            routed = routed | "Batch" >> BatchChats(stage.max_batch_size, stage.max_batch_duration_secs)
+        analysed, failures = routed | "Analyze" >> self._run_inference()
         built = (analysed | "Unpack" >> beam.Map(unpack)
                  | "BuildInsight" >> beam.ParDo(_BuildInsightFn()).with_outputs(DEAD_LETTER, main="insights"))
         dead = [failures.failed_inferences | "AnalyzeFailed" >> beam.FlatMap(failed_batch_dead_letters, "inference"),

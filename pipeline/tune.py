@@ -98,10 +98,11 @@ def fell(old: dict, new: dict) -> list[str]:
 def run(args: argparse.Namespace) -> int:
     from chatlens.config import get_settings
     from pipeline.model.handler import use_default_env
+
+    use_default_env()  # before keras is imported: the JAX backend
     from pipeline.model.one_pass import OnePassEngine
     from pipeline.model.sources import load_causal_lm
 
-    use_default_env()
     try:
         name = adapter_name(args.out)
     except ModelSpecError as error:

@@ -44,6 +44,7 @@ from pipeline.transforms import (
     SETTLED,
     AnalyzeChats,
     AnalyzeWindows,
+    BatchChats,
     DeduplicateWindows,
     Envelope,
     Origin,
@@ -149,6 +150,22 @@ def test_failed_inference_batches_become_one_dead_letter_per_window():
         assert output.attributes == {"stage": "inference", "error_class": "MemoryError", "schema_version": "1",
                                      "chat_id": "e2e-001"}
         assert output.source_ids == ("m1",)
+
+
+def test_streaming_batches_hold_chats_of_similar_length_up_to_the_size_and_lose_none():
+    """BatchChats (the model stage's deadline batching): every chat comes out once, in batches
+    of at most `size`, a long chat never batched with short ones."""
+    short = [parse_window(w) for w in e2e_windows()[:5]]
+    long_chat = short[0].model_copy(update={"chat_id": "long", "messages": [
+        m.model_copy(update={"text": m.text * 200}) for m in short[0].messages]})
+    chats = [("*", (f"origin-{c.chat_id}", c)) for c in [*short, long_chat]]
+    batches = []
+    stream = (EventStream().advance_watermark_to(0).add_elements([TimestampedValue(c, 0) for c in chats])
+              .advance_processing_time(5).advance_watermark_to_infinity())
+    with streaming_test_pipeline() as p:
+        capture(p | stream | BatchChats(2, 1), batches, "batches", lambda b: sorted(c[1][1].chat_id for c in b))
+    assert sorted(c for batch in batches for c in batch) == sorted(c[1][1].chat_id for c in chats)
+    assert all(len(batch) <= 2 for batch in batches) and ["long"] in batches, batches
 
 
 # ---- messages mode: sessions -----------------------------------------------------------

@@ -14,13 +14,13 @@ by `chatlens tune` on dev only, stored in the adapter's manifest and applied by 
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-import numpy as np
-
-BIAS_GRID = np.round(np.arange(-4.0, 4.0001, 0.1), 2)  # neutral's bias stays 0: only differences count
-TEMPERATURE_GRID = np.round(np.exp(np.linspace(np.log(0.25), np.log(8.0), 61)), 4)
+# numpy is imported where used: this module is read when the CLI starts (pipeline.model.sources).
+BIAS_GRID = tuple(round(-4.0 + 0.1 * i, 2) for i in range(81))  # neutral's stays 0: only differences count
+TEMPERATURE_GRID = tuple(round(0.25 * math.exp(math.log(32.0) * i / 60), 4) for i in range(61))  # 0.25 .. 8
 NEAR_BEST = 0.005  # macro-F1 within this of the best counts as a tie; the smallest bias wins it
 
 
@@ -31,8 +31,10 @@ class LabelCalibration:
     bias: tuple[float, float, float] = (0.0, 0.0, 0.0)
     temperature: float = 1.0
 
-    def probabilities(self, logits) -> np.ndarray:
-        """Calibrated label probabilities, rows of `logits` (n, 3) in label order."""
+    def probabilities(self, logits):
+        """Calibrated label probabilities (numpy), rows of `logits` (n, 3) in label order."""
+        import numpy as np
+
         z = (np.asarray(logits, np.float64) + np.asarray(self.bias)) / self.temperature
         z -= z.max(axis=-1, keepdims=True)
         e = np.exp(z)
@@ -51,6 +53,8 @@ class LabelCalibration:
 def fit(logits, gold: Sequence[int]) -> LabelCalibration:
     """The calibration that maximises macro-F1 on these chats (ties: the smallest bias), then
     minimises their log-loss with that decision rule. `gold` holds -1/0/1 labels."""
+    import numpy as np
+
     logits = np.asarray(logits, np.float64)
     truth = np.asarray(gold) + 1
     best: list[tuple[float, float, tuple[float, float, float]]] = []
@@ -61,10 +65,12 @@ def fit(logits, gold: Sequence[int]) -> LabelCalibration:
     top = max(score for score, _, _ in best)
     _, _, bias = max(b for b in best if b[0] >= top - NEAR_BEST)
     losses = [_log_loss(LabelCalibration(bias, float(t)).probabilities(logits), truth) for t in TEMPERATURE_GRID]
-    return LabelCalibration(bias, float(TEMPERATURE_GRID[int(np.argmin(losses))]))
+    return LabelCalibration(bias, TEMPERATURE_GRID[int(np.argmin(losses))])
 
 
-def macro_f1(truth: np.ndarray, predicted: np.ndarray, classes: int = 3) -> float:
+def macro_f1(truth, predicted, classes: int = 3) -> float:
+    import numpy as np
+
     scores = []
     for c in range(classes):
         tp = np.sum((predicted == c) & (truth == c))
@@ -73,5 +79,7 @@ def macro_f1(truth: np.ndarray, predicted: np.ndarray, classes: int = 3) -> floa
     return float(np.mean(scores))
 
 
-def _log_loss(probabilities: np.ndarray, truth: np.ndarray) -> float:
+def _log_loss(probabilities, truth) -> float:
+    import numpy as np
+
     return float(-np.mean(np.log(np.clip(probabilities[np.arange(len(truth)), truth], 1e-12, None))))

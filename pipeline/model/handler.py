@@ -33,7 +33,6 @@ from pipeline.model.watch import PresetWatch, preset_of
 log = logging.getLogger(__name__)
 
 TASKS = ("analyze", "sentiment")
-LENGTH_BUCKET_BOUNDARIES = [256, 1024, 4096, 16384]  # characters of chat text
 
 DEFAULT_ENV = {
     "KERAS_BACKEND": "jax",
@@ -51,11 +50,6 @@ def use_default_env() -> None:
 
 _ENGINES = shared.Shared()
 """Engines loaded in this process, by model spec: what `large_model=False` stages share."""
-
-
-def chat_length(element: Any) -> int:
-    """Characters of chat text: Beam batches elements of similar length together."""
-    return sum(len(m.text) for m in window_of(element).messages)
 
 
 class GemmaModelHandler(ModelHandler[Any, Any, Any]):
@@ -95,9 +89,6 @@ class GemmaModelHandler(ModelHandler[Any, Any, Any]):
             raise ValueError(f"task must be one of {TASKS}, not {task!r}")
         if reply_for not in REPLY_FOR:
             raise ValueError(f"reply_for must be one of {REPLY_FOR}, not {reply_for!r}")
-        length_kwargs = {}
-        if max_batch_duration_secs:  # Beam's length-aware batching needs a batch deadline.
-            length_kwargs = {"batch_length_fn": chat_length, "batch_bucket_boundaries": LENGTH_BUCKET_BOUNDARIES}
         super().__init__(
             min_batch_size=min_batch_size,
             max_batch_size=max_batch_size,
@@ -105,7 +96,6 @@ class GemmaModelHandler(ModelHandler[Any, Any, Any]):
             large_model=large_model,
             model_copies=model_copies,
             env_vars={**DEFAULT_ENV, **(env_vars or {})},
-            **length_kwargs,
         )
         self._model = model
         self._task = task

@@ -96,17 +96,23 @@ class ModelStage:
     def handler(self):
         """The keyed model handler of the model stage."""
         if not self.tenant_models:
-            return KeyedModelHandler(self._unkeyed(self.model, self.adapter))
+            return StageModelHandler(self._unkeyed(self.model, self.adapter), self.prebatched)
         tenants_by_model: dict[str, list[str]] = defaultdict(list)
         for tenant, spec in self.tenant_models:
             tenants_by_model[spec].append(tenant)
         mappings = [KeyModelMapping([DEFAULT_ROUTE], self._unkeyed(self.model, self.adapter))]
         mappings += [KeyModelMapping(tenants, self._unkeyed(spec)) for spec, tenants in tenants_by_model.items()]
-        return TenantModelHandler(mappings, self.max_models_per_worker)
+        return TenantModelHandler(mappings, self.max_models_per_worker, self.prebatched)
+
+    @property
+    def prebatched(self) -> bool:
+        """Batches by deadline are made before RunInference (`pipeline.transforms.BatchChats`):
+        Beam's own (`BatchElements(max_batch_duration_secs=...)`) keeps its state under untyped
+        keys, whose coder is not deterministic."""
+        return bool(self.max_batch_duration_secs)
 
     def _batching(self) -> dict[str, Any]:
-        return {"min_batch_size": self.min_batch_size, "max_batch_size": self.max_batch_size,
-                "max_batch_duration_secs": self.max_batch_duration_secs}
+        return {"min_batch_size": self.min_batch_size, "max_batch_size": self.max_batch_size}
 
     def _unkeyed(self, model: str, adapter: str | None = None):
         if self.kind == "remote":
@@ -126,13 +132,26 @@ class ModelStage:
         return GemmaModelHandler(**kwargs)
 
 
-class TenantModelHandler(KeyedModelHandler):
-    """Beam's KeyedModelHandler over KeyModelMappings (one model per group of tenants), keeping
+class StageModelHandler(KeyedModelHandler):
+    """Beam's KeyedModelHandler, which takes the batches made upstream where the stage batches
+    by deadline (`prebatched`: streaming, see `pipeline.transforms.BatchChats`)."""
+
+    def __init__(self, unkeyed, prebatched: bool = False, **kwargs):
+        super().__init__(unkeyed, **kwargs)
+        self._prebatched = prebatched
+
+    def should_skip_batching(self) -> bool:
+        return self._prebatched
+
+
+class TenantModelHandler(StageModelHandler):
+    """The stage's handler over KeyModelMappings (one model per group of tenants), keeping
     the batching of the first mapping's handler, which Beam's multi-model KeyedModelHandler
     would otherwise drop (the handlers of one stage all batch alike)."""
 
-    def __init__(self, mappings: list[KeyModelMapping], max_models_per_worker: int | None = None):
-        super().__init__(mappings, max_models_per_worker_hint=max_models_per_worker)
+    def __init__(self, mappings: list[KeyModelMapping], max_models_per_worker: int | None = None,
+                 prebatched: bool = False):
+        super().__init__(mappings, prebatched, max_models_per_worker_hint=max_models_per_worker)
         self._batching = mappings[0].mh.batch_elements_kwargs()
 
     def batch_elements_kwargs(self) -> dict[str, Any]:
