@@ -94,6 +94,26 @@ def assert_log_shows_progress(process: PipelineProcess) -> None:
     assert process.log_contains("progress:"), process.log_tail()
 
 
+def test_deadline_batches_carry_every_window_exactly_once(pipelines, outputs):
+    """The pipeline's own mechanics without the model's cost (`--model-stage noop`): windows go
+    through the deadline batching (typed state keys, batches of at most 4) and each ends as
+    exactly one insight or dead letter."""
+    from pipeline.model.noop import NOOP_MODEL_ID
+
+    insights, dead = outputs
+    windows, malformed = e2e_windows(), e2e_malformed()
+    process = pipelines("--model-stage", "noop", "--max-batch-size", "4", "--max-batch-duration-secs", "1")
+    publish_all(topic_path(PROJECT, LAYOUT.windows_topic), windows + malformed)
+    done = wait_until(lambda: len(insights) >= len(windows) and len(dead) >= len(malformed), 180,
+                      while_alive=process)
+    assert done, f"{len(insights)} insights and {len(dead)} dead letters\n{process.log_tail()}"
+    time.sleep(3)  # nothing more may arrive
+    results = insights_of(insights)
+    assert sorted(i.chat_id for i in results) == sorted(json.loads(w)["chat_id"] for w in windows)
+    assert {i.model_id for i in results} == {NOOP_MODEL_ID} and len(dead) == len(malformed)
+    assert not process.log_contains("may not be deterministic"), process.log_tail()
+
+
 def test_windows_in_insights_and_dead_letters_out(pipelines, outputs):
     insights, dead = outputs
     windows, malformed = e2e_windows(), e2e_malformed()
