@@ -127,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
     manifest["machine"] = {"platform": platform.platform(), "cpus": os.cpu_count(),
                            "devices": sorted({d.device_kind for d in __import__("jax").devices()})}
     manifest["created_at"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
-    return publish(lm.backbone, manifest, args.out, args.force)
+    return publish(None if args.recalibrate else lm.backbone, manifest, args.out, args.force)
 
 
 def train(args: argparse.Namespace, lm, engine, dev: list[Example]) -> dict:
@@ -244,7 +244,8 @@ def dev_figures(engine, dev: list[Example]) -> dict:
 
 
 def publish(backbone, manifest: dict, out: Path, force: bool) -> int:
-    """Write the adapter and manifest, unless a dev figure fell against the current ones."""
+    """Write the adapter and manifest, unless a dev figure fell against the current ones.
+    Without a `backbone` (`--recalibrate`) the adapter file stays as it is: only the manifest changes."""
     current = manifest_path(out)
     if current.exists() and not force:
         worse = fell(json.loads(current.read_text())["dev"], manifest["dev"])
@@ -252,10 +253,11 @@ def publish(backbone, manifest: dict, out: Path, force: bool) -> int:
             print("not replacing the current adapter: dev figures fell: " + "; ".join(worse), file=sys.stderr)
             return 3
     out.parent.mkdir(parents=True, exist_ok=True)
-    partial = out.with_name("partial-" + out.name)
-    backbone.save_lora_weights(str(partial))
-    manifest["adapter_sha256"] = hashlib.sha256(partial.read_bytes()).hexdigest()
-    partial.replace(out)
+    if backbone is not None:
+        partial = out.with_name("partial-" + out.name)
+        backbone.save_lora_weights(str(partial))
+        partial.replace(out)
+    manifest["adapter_sha256"] = hashlib.sha256(out.read_bytes()).hexdigest()
     current.write_text(json.dumps(manifest, indent=2) + "\n")
     print(f"wrote {out} and {current.name}: dev {json.dumps(manifest['dev'])}", file=sys.stderr)
     return 0

@@ -244,3 +244,10 @@ def test_tune_from_dashboard_learns_what_staff_taught_and_never_replaces_a_bette
     replaced = json.loads(manifest_path(adapter).read_text())
     assert replaced["training_data"]["from_dashboard"] == 3
     assert replaced["training_data"]["sha256"] != manifest["training_data"]["sha256"]
+    assert set(replaced["label_calibration"]) == {"bias", "temperature", "fitted_on"}
+    # --recalibrate refits the calibration and the dev figures; the adapter and its history stay.
+    weights = adapter.read_bytes()
+    assert main(tune + ["--recalibrate", "--force"]) == 0
+    recalibrated = json.loads(manifest_path(adapter).read_text())
+    assert adapter.read_bytes() == weights and recalibrated["adapter_sha256"] == replaced["adapter_sha256"]
+    assert recalibrated["history"] == replaced["history"] and recalibrated["training_data"] == replaced["training_data"]
