@@ -6,6 +6,10 @@ import os
 
 import pytest
 
+# The real-Gemma fixtures are session-scoped: registered once here, so every module shares one
+# converted model (a module that imported them would get its own copy: 2.3 GB and minutes each).
+pytest_plugins = ["model_fixtures"]
+
 
 @pytest.fixture
 def pubsub_server():

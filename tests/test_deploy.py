@@ -28,7 +28,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-from model_fixtures import gemma_source, model_cache  # noqa: F401 - fixtures (the slow bake test)
 from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name

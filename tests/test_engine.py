@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 
 from chatlens.contracts import MAX_SUMMARY_CHARS, ChatMessage, ChatWindow
-from model_fixtures import base_source, gemma_lm, model_cache  # noqa: F401
 from pipeline.model.sources import BASE_SPEC
 
 pytestmark = pytest.mark.slow
@@ -34,7 +33,7 @@ ARABIC = window("arabic", "الطلب وصل متأخر جدا والأكل با
 
 
 @pytest.fixture(scope="module")
-def engine(gemma_lm, base_source):  # noqa: F811
+def engine(gemma_lm, base_source):
     from pipeline.model.engine import GemmaEngine
     from pipeline.prompts import load_prompts
 
@@ -114,7 +113,7 @@ def test_long_chats_are_cut_to_the_context_with_a_flag(engine):
     assert len(engine._encode(prompt)) <= engine.config.max_prompt_tokens
 
 
-def test_handler_loads_from_the_cache_and_runs_a_keyed_batch(model_cache):  # noqa: F811
+def test_handler_loads_from_the_cache_and_runs_a_keyed_batch(model_cache):
     from apache_beam.ml.inference.base import KeyedModelHandler
 
     from pipeline.model.handler import GemmaModelHandler

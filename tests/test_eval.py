@@ -7,7 +7,6 @@ import json
 import pytest
 
 from chatlens.cli import main
-from model_fixtures import model_cache  # noqa: F401
 from pipeline import scoring
 from pipeline.corpus import load_split
 from pipeline.evaluate import Prediction, score_system
@@ -76,7 +75,7 @@ def test_eval_prints_vader_figures_and_the_worst_examples(capsys):
 
 
 @pytest.mark.slow
-def test_eval_scores_all_three_outputs_of_gemma(model_cache, capsys):  # noqa: F811
+def test_eval_scores_all_three_outputs_of_gemma(model_cache, capsys):
     assert main(["eval", "--split", "test", "--limit", "8", "--model-cache", str(model_cache), "--json"]) == 0
     report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     gemma = report["systems"]["gemma3-270m"]
@@ -100,7 +99,7 @@ def test_injection_chats_hold_when_label_and_format_survive():
 
 
 @pytest.mark.slow
-def test_the_shipped_adapter_is_the_default_and_beats_the_base_model(model_cache, capsys):  # noqa: F811
+def test_the_shipped_adapter_is_the_default_and_beats_the_base_model(model_cache, capsys):
     """`gemma3-270m` is base + the committed adapter, proven by its manifest; on the first 24 `test`
     chats it clears floors set above the untuned model's full-`test` figures (README table).
 

@@ -19,7 +19,6 @@ import numpy as np
 import pytest
 import sentencepiece as spm
 
-from model_fixtures import base_source, gemma_lm, gemma_source, model_cache  # noqa: F401  (fixtures)
 from pipeline.model.gguf_convert import CONVERTER_VERSION, _heads_in, _heads_out, read_metadata, tokenizer_proto
 from pipeline.model.sources import BASE_SPEC, GGUF_SPEC, MARKER, ModelSpecError, bundled_gguf, load_causal_lm, resolve_model
 from pipeline.model.spm_proto import model_proto_class

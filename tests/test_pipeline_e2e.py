@@ -16,7 +16,7 @@ import time
 from collections import Counter
 
 import pytest
-from model_fixtures import copy_preset, gemma_preset, gemma_source, model_cache  # noqa: F401 - fixtures
+from model_fixtures import copy_preset
 from pipeline_fixtures import (
     CHATLENS,
     PROJECT,
@@ -60,7 +60,7 @@ def outputs(emulator):
 
 
 @pytest.fixture
-def pipelines(emulator, gemma_source, model_cache, tmp_path):  # noqa: F811 - fixtures
+def pipelines(emulator, gemma_source, model_cache, tmp_path):
     """Start `chatlens pipeline` processes; stops them and prints the tail of their log.
 
     pytest shows a test's captured output only when it fails: that is when the log matters.
@@ -222,7 +222,7 @@ def test_restart_with_messages_in_flight_loses_nothing(pipelines, outputs):
     assert second.stop(signal.SIGTERM) == 0
 
 
-def test_analyze_command_writes_insights_and_dead_letters(gemma_source, model_cache, tmp_path):  # noqa: F811
+def test_analyze_command_writes_insights_and_dead_letters(gemma_source, model_cache, tmp_path):
     windows, malformed = e2e_windows(), e2e_malformed()
     lines = [windows[0], windows[9], malformed[0], windows[17], windows[0], malformed[2]]  # one repeated window
     source = tmp_path / "chats.jsonl"
@@ -244,8 +244,8 @@ def test_analyze_command_writes_insights_and_dead_letters(gemma_source, model_ca
     assert "1 duplicate(s) skipped" in summary
 
 
-def test_a_new_preset_in_the_watched_folder_is_used_without_a_restart(pipelines, outputs, gemma_source,  # noqa: F811
-                                                                       gemma_preset, tmp_path):  # noqa: F811
+def test_a_new_preset_in_the_watched_folder_is_used_without_a_restart(pipelines, outputs, gemma_source,
+                                                                       gemma_preset, tmp_path):
     """--model-watch: drop a new preset in and the running pipeline's next batches use it."""
     insights, _ = outputs
     watched = tmp_path / "presets"

@@ -16,7 +16,6 @@ import pytest
 from apache_beam.testing.test_stream import TestStream as EventStream  # not collected by pytest
 from apache_beam.testing.util import assert_that, equal_to
 from apache_beam.transforms.window import TimestampedValue
-from model_fixtures import gemma_preset, gemma_source, model_cache, second_preset  # noqa: F401 - fixtures
 from pipeline_fixtures import (
     INJECTION_CHAT,
     RTL_CHAT,
@@ -148,7 +147,7 @@ def test_failed_inference_batches_become_one_dead_letter_per_window():
         assert output.message.stage == "inference" and output.message.error_class == "MemoryError"
         assert "out of memory" in output.message.error_message and output.message.payload == e2e_windows()[0]
         assert output.attributes == {"stage": "inference", "error_class": "MemoryError", "schema_version": "1",
-                                     "chat_id": "e2e-001"}
+                                     "chat_id": "e2e-001", "source_key": f"m1@{origin.published_at.isoformat()}"}
         assert output.source_ids == ("m1",)
 
 
@@ -430,7 +429,7 @@ def test_analyze_windows_with_the_real_model(real_handler):
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_tenants_with_their_own_model_get_it(real_handler, second_preset, gemma_source):  # noqa: F811 - fixtures
+def test_tenants_with_their_own_model_get_it(real_handler, second_preset, gemma_source):
     """--tenant-models: Beam's KeyedModelHandler routes quickbite's chats to the second preset."""
     from dataclasses import replace
 

@@ -11,7 +11,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-from model_fixtures import model_cache, tiny_gemma_lm, tiny_lm  # noqa: E402, F401
+from model_fixtures import tiny_gemma_lm  # noqa: E402
 from pipeline.corpus import load_split  # noqa: E402
 from pipeline.model.chat_format import training_sequence  # noqa: E402
 from pipeline.model.one_pass import OnePassDecoder  # noqa: E402
@@ -27,7 +27,7 @@ def sequences(decoder, chats):
     return [training_sequence(decoder.vocabulary, e.window, e.label, e.summary, e.reply) for e in chats]
 
 
-def test_the_format_learns_answers_only(tiny_lm, chats):  # noqa: F811
+def test_the_format_learns_answers_only(tiny_lm, chats):
     decoder = OnePassDecoder(tiny_lm)
     seq = sequences(decoder, chats[:1])[0]
     prompt, _ = decoder.vocabulary.prompt(chats[0].window)
@@ -38,7 +38,7 @@ def test_the_format_learns_answers_only(tiny_lm, chats):  # noqa: F811
     assert all(seq.loss_mask[cue : cue + 3])
 
 
-def test_loss_ignores_chat_targets_and_follows_answer_targets(tiny_lm, chats):  # noqa: F811
+def test_loss_ignores_chat_targets_and_follows_answer_targets(tiny_lm, chats):
     decoder = OnePassDecoder(tiny_lm)
     trainer = LoraTrainer(tiny_lm.backbone, rank=4, learning_rate=1e-3, total_steps=10, seed=0)
     seq = sequences(decoder, chats[:2])
@@ -57,7 +57,7 @@ def test_loss_ignores_chat_targets_and_follows_answer_targets(tiny_lm, chats):  
     assert abs(loss([answer_changed, seq[1]]) - base) > 1e-4
 
 
-def test_a_tiny_tune_lowers_the_loss_and_its_adapter_reloads(tiny_lm, model_cache, chats, tmp_path):  # noqa: F811
+def test_a_tiny_tune_lowers_the_loss_and_its_adapter_reloads(tiny_lm, model_cache, chats, tmp_path):
     decoder = OnePassDecoder(tiny_lm)
     seqs = sequences(decoder, chats)
     batches = [pack([seqs[i] for i in b]) for b in length_batches(seqs, 4096, seed=0)]
@@ -94,7 +94,7 @@ def greedy_without_cache(lm, tokens: list[int], stops: set[int], limit: int) -> 
     return out
 
 
-def test_one_pass_equals_separate_scoring_and_generation(tiny_lm, chats):  # noqa: F811
+def test_one_pass_equals_separate_scoring_and_generation(tiny_lm, chats):
     decoder = OnePassDecoder(tiny_lm, summary_tokens=5, reply_tokens=4)
     v = decoder.vocabulary
     windows = [chats[0].window, chats[3].window]  # different lengths: left padding in one batch
@@ -119,7 +119,7 @@ def test_one_pass_equals_separate_scoring_and_generation(tiny_lm, chats):  # noq
         assert output["reply"] == (None if summary[-1] == v.eos else decoder._finish(reply, "reply"))
 
 
-def test_reply_for_negative_replies_where_the_label_comes_out_negative(tiny_lm, chats):  # noqa: F811
+def test_reply_for_negative_replies_where_the_label_comes_out_negative(tiny_lm, chats):
     decoder = OnePassDecoder(tiny_lm, summary_tokens=3, reply_tokens=2)
     outputs = decoder.run([c.window for c in chats], ["negative"] * len(chats))
     negative = [max(range(3), key=o.probabilities.__getitem__) == 0 for o in outputs]
@@ -129,7 +129,7 @@ def test_reply_for_negative_replies_where_the_label_comes_out_negative(tiny_lm, 
         decoder.run([chats[0].window], ["sometimes"])
 
 
-def test_the_calibration_moves_the_label_and_the_reply_decision_and_only_rescales_confidence(tiny_lm, chats):  # noqa: F811
+def test_the_calibration_moves_the_label_and_the_reply_decision_and_only_rescales_confidence(tiny_lm, chats):
     from pipeline.model.calibration import LabelCalibration
 
     windows = [c.window for c in chats]
@@ -161,7 +161,7 @@ def test_fitting_a_calibration_finds_the_missed_class_and_honest_confidence():
     assert LabelCalibration.from_json(fitted.to_json()) == fitted and LabelCalibration.from_json(None) == LabelCalibration()
 
 
-def test_an_adapter_is_merged_once_into_a_cached_preset_that_gives_the_tuned_logits(model_cache, tmp_path):  # noqa: F811
+def test_an_adapter_is_merged_once_into_a_cached_preset_that_gives_the_tuned_logits(model_cache, tmp_path):
     import json
 
     from pipeline.model.calibration import LabelCalibration
@@ -194,7 +194,7 @@ def test_an_adapter_is_merged_once_into_a_cached_preset_that_gives_the_tuned_log
         resolve_model(str(base_dir), tmp_path / "cache", adapter=tmp_path / "missing.lora.h5")
 
 
-def test_tune_from_dashboard_learns_what_staff_taught_and_never_replaces_a_better_adapter(model_cache, tmp_path,  # noqa: F811
+def test_tune_from_dashboard_learns_what_staff_taught_and_never_replaces_a_better_adapter(model_cache, tmp_path,
                                                                                           capsys):
     """`chatlens tune --from-dashboard` on a real dashboard database, end to end on a tiny preset."""
     import hashlib
