@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: test test-fast demo lock schemas docs bench clean browser postgres
+.PHONY: test test-fast demo lock schemas docs bench clean browser postgres node-client
 
 $(STAMP): pyproject.toml constraints.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml constraints.txt
 	$(BIN)/python -m pip install -q -c constraints.txt -e '.[dev]'
 	@touch $(STAMP)
 
-test: $(STAMP) browser postgres
+test: $(STAMP) browser postgres node-client
 	$(BIN)/python -m pytest
 
 # The browser tests drive Debian's Chromium (Playwright never downloads a browser here).
@@ -26,7 +26,17 @@ browser:
 postgres:
 	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq postgresql >/dev/null; }
 
-test-fast: $(STAMP) postgres
+# The official Node.js Pub/Sub client, pinned by tests/node_client/package-lock.json, checks the
+# emulator (tests/test_pubsub_node_client.py); Debian's nodejs and npm when node is missing.
+NODE_CLIENT := tests/node_client
+node-client: $(NODE_CLIENT)/node_modules/.installed
+
+$(NODE_CLIENT)/node_modules/.installed: $(NODE_CLIENT)/package-lock.json
+	@command -v node >/dev/null && command -v npm >/dev/null || { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq nodejs npm >/dev/null; }
+	cd $(NODE_CLIENT) && npm ci --no-audit --no-fund
+	@touch $@
+
+test-fast: $(STAMP) postgres node-client
 	$(BIN)/python -m pytest -m "not slow and not browser"
 
 demo: $(STAMP)

@@ -235,47 +235,120 @@ def test_streaming_nack_is_redelivered_with_attempt_count(clients):
     assert attempts == [1, 2, 3]
 
 
-def test_ordering_key_one_outstanding_message_per_key(emulator):
+def test_ordering_key_messages_go_out_in_batches_and_a_nack_rewinds_the_key(emulator):
+    """As in the service: a key's messages are out several at once, in order, to one receiver;
+    a nack or an expired lease redelivers that message and every later one of its key that
+    went out, acked or not (issue 13)."""
     ordered = Clients(ordered=True)
+    subscriber = ordered.subscriber
+
+    def pull():
+        return subscriber.pull(subscription=subscription, max_messages=100, timeout=10).received_messages
+
+    def by_key(received):
+        keys = collections.defaultdict(list)
+        for m in received:
+            keys[m.message.ordering_key].append(m.message.data.decode())
+        return dict(keys)
+
     try:
         topic = ordered.topic()
         subscription = ordered.subscription(topic, enable_message_ordering=True)
         pending = [
-            ordered.publisher.publish(topic, f"{key}{n}".encode(), ordering_key=key) for n in range(3) for key in "abc"
+            ordered.publisher.publish(topic, f"{key}{n}".encode(), ordering_key=key) for n in range(4) for key in "abc"
         ]
         for future in pending:
             future.result(timeout=10)
-        for n in range(3):
-            pulled = ordered.subscriber.pull(subscription=subscription, max_messages=100, timeout=10).received_messages
-            assert sorted(m.message.data for m in pulled) == [f"{key}{n}".encode() for key in "abc"]
-            if n == 1:  # a nacked head blocks its key until it comes back
-                nacked = pulled[0]
-                ordered.subscriber.modify_ack_deadline(
-                    subscription=subscription, ack_ids=[nacked.ack_id], ack_deadline_seconds=0
-                )
-                again = ordered.subscriber.pull(subscription=subscription, max_messages=100, timeout=10)
-                assert [m.message.data for m in again.received_messages] == [nacked.message.data]
-                pulled = [*pulled[1:], *again.received_messages]
-            ordered.subscriber.acknowledge(subscription=subscription, ack_ids=[m.ack_id for m in pulled])
+        first = pull()
+        assert by_key(first) == {key: [f"{key}{n}" for n in range(4)] for key in "abc"}
+        ack_id = {m.message.data.decode(): m.ack_id for m in first}
+
+        # A key's next message waits while its earlier ones are out with another receiver.
+        ordered.publisher.publish(topic, b"a4", ordering_key="a").result(timeout=10)
+        assert not pull()
+        subscriber.acknowledge(subscription=subscription, ack_ids=[ack_id[f"a{n}"] for n in range(4)])
+        [a4] = pull()
+        assert a4.message.data == b"a4"
+        subscriber.acknowledge(subscription=subscription, ack_ids=[a4.ack_id])
+
+        # A nack of b1 resends b1 and what followed it, b2 although it was acked; not b0 before it.
+        subscriber.acknowledge(subscription=subscription, ack_ids=[ack_id["b0"], ack_id["b2"]])
+        subscriber.modify_ack_deadline(subscription=subscription, ack_ids=[ack_id["b1"]], ack_deadline_seconds=0)
+        again = pull()
+        assert by_key(again) == {"b": ["b1", "b2", "b3"]}
+
+        # An expired lease does the same: c0's ends in 1 s and brings back c0..c3.
+        subscriber.modify_ack_deadline(subscription=subscription, ack_ids=[ack_id["c0"]], ack_deadline_seconds=1)
+        expired = []
+        assert wait_for(lambda: expired.extend(pull()) or expired, timeout=10)
+        assert by_key(expired) == {"c": ["c0", "c1", "c2", "c3"]}
+
+        subscriber.acknowledge(subscription=subscription, ack_ids=[m.ack_id for m in [*again, *expired]])
+        assert emulator.broker.backlog(subscription)["unacked"] == 0
     finally:
         ordered.close()
 
 
+def test_one_keys_messages_stream_in_batches_in_order(emulator):
+    """Ordered delivery no longer waits for each ack (issue 13): 500 messages of one key reach the
+    Python client in order, complete and within seconds, several of them out at once."""
+    ordered = Clients(ordered=True)
+    count = 500
+    received, most_leased = [], [0]
+    done = threading.Event()
+
+    def callback(message):
+        received.append(int(message.data))
+        most_leased[0] = max(most_leased[0], emulator.broker.backlog(subscription)["leased"])
+        message.ack()
+        if len(received) == count:
+            done.set()
+
+    try:
+        topic = ordered.topic()
+        subscription = ordered.subscription(topic, enable_message_ordering=True)
+        pulled = ordered.subscription(topic, enable_message_ordering=True)
+        streaming = ordered.subscriber.subscribe(subscription, callback)
+        try:
+            started = time.monotonic()
+            pending = [ordered.publisher.publish(topic, b"%d" % n, ordering_key="one") for n in range(count)]
+            for future in pending:
+                future.result(timeout=30)
+            assert done.wait(30), f"{len(received)} of {count} received"
+            elapsed = time.monotonic() - started
+        finally:
+            streaming.cancel()
+            streaming.result(timeout=10)
+        # One Pull response carries the key's whole backlog, in order.
+        batch = ordered.subscriber.pull(subscription=pulled, max_messages=1000, timeout=10).received_messages
+    finally:
+        ordered.close()
+    assert received == list(range(count))
+    assert most_leased[0] > 1
+    print(f"ordered, one key: {count} messages in {elapsed:.2f} s ({count / elapsed:.0f} msgs/s)")
+    assert elapsed < 20  # the Python client runs a key's callbacks one by one, an ack batch (10 ms) apart
+    assert [int(m.message.data) for m in batch] == list(range(count))
+
+
 def test_ordering_keys_keep_per_key_order_when_streaming(emulator):
+    """Per key, the callback sees messages in order; a nack starts the key over from that message
+    (the server resends it and the later ones), so each run ascends and every message gets acked."""
     ordered = Clients(ordered=True)
     keys, per_key = ["k1", "k2", "k3", "k4"], 40
-    acked = collections.defaultdict(list)
+    delivered = collections.defaultdict(list)
+    acked = collections.defaultdict(set)
     nacked_once = set()
     lock = threading.Lock()
 
     def callback(message):
         key, n = message.ordering_key, int(message.data)
         with lock:
+            delivered[key].append(n)
             if n % 15 == 7 and (key, n) not in nacked_once:
                 nacked_once.add((key, n))
                 message.nack()
                 return
-            acked[key].append(n)
+            acked[key].add(n)
         message.ack()
 
     try:
@@ -286,13 +359,17 @@ def test_ordering_keys_keep_per_key_order_when_streaming(emulator):
             for n in range(per_key):
                 for key in keys:
                     ordered.publisher.publish(topic, str(n).encode(), ordering_key=key)
-            assert wait_for(lambda: sum(map(len, acked.values())) == len(keys) * per_key, timeout=30)
+            assert wait_for(lambda: all(len(acked[key]) == per_key for key in keys), timeout=30)
         finally:
             streaming.cancel()
             streaming.result(timeout=10)
     finally:
         ordered.close()
-    assert {key: acked[key] for key in keys} == {key: list(range(per_key)) for key in keys}
+    for key in keys:
+        seen = delivered[key]
+        assert seen[0] == 0
+        for previous, current in zip(seen, seen[1:]):
+            assert current == previous + 1 or (current <= previous and (key, current) in nacked_once), (key, seen)
 
 
 def test_subscribers_share_one_subscription(clients, emulator):

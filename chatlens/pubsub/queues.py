@@ -7,6 +7,7 @@ locking of their own (each queue's condition variable shares the broker's lock).
 from __future__ import annotations
 
 import heapq
+import itertools
 import math
 import threading
 import time
@@ -34,10 +35,27 @@ class Entry:
         self.stream: Stream | None = None  # whose flow-control window it occupies
 
 
-class Stream:
-    """One StreamingPull call: its ack deadline and flow-control window."""
+class Batch:
+    """Who an ordering key's outstanding messages went to: one Pull response.
+
+    A key's later messages follow its outstanding ones only to the same receiver, so
+    that two subscribers never hold one key's messages at once; a Pull response is
+    over once sent, so its keys wait until their messages are acked or redelivered.
+    """
+
+    def __init__(self):
+        self.ready_keys: dict[str, None] = {}  # keys held here with a message ready to follow
+
+
+class Stream(Batch):
+    """One StreamingPull call: its ack deadline and flow-control window.
+
+    Unlike a Pull response it goes on: the keys it holds keep flowing to it, in order,
+    across its responses, while their earlier messages are still outstanding.
+    """
 
     def __init__(self, subscription: SubscriptionQueue, request):
+        super().__init__()
         self.subscription = subscription
         self.ack_deadline = request.stream_ack_deadline_seconds
         self.max_messages = request.max_outstanding_messages if request.max_outstanding_messages > 0 else math.inf
@@ -64,15 +82,44 @@ class Stream:
         )
 
 
+class KeyQueue:
+    """One ordering key's unfinished messages, in publish order.
+
+    The first `delivered` went out and are leased, or acked after an earlier one that
+    is still out (kept, since a redelivery of that one resends them too); the rest
+    wait. While any is out the key belongs to `holder`, and only it gets the next ones.
+    """
+
+    __slots__ = ("key", "entries", "delivered", "holder")
+
+    def __init__(self, key: str):
+        self.key = key
+        self.entries: deque[Entry] = deque()
+        self.delivered = 0
+        self.holder: Batch | None = None
+
+    def next_ready(self) -> Entry | None:
+        """The next message to send, past those acked while waiting (late acks)."""
+        while self.delivered < len(self.entries) and self.entries[self.delivered].state == Entry.DONE:
+            self.delivered += 1
+        return self.entries[self.delivered] if self.delivered < len(self.entries) else None
+
+
 class SubscriptionQueue:
-    """A subscription's backlog: ready messages by publish order, per-key queues, leases."""
+    """A subscription's backlog: ready messages by publish order, per-key queues, leases.
+
+    With message ordering, each key's messages go out in order and in batches: a free
+    key's first ready message is in `ready`, and whoever leases it also gets the key's
+    next ones (`Batch.ready_keys`) until its messages are all acked. A nack or expiry
+    redelivers that message and every later one of its key already sent, as the service does.
+    """
 
     def __init__(self, config, lock: threading.Lock, predicate: Predicate | None):
         self.config = config
         self.cond = threading.Condition(lock)
         self.predicate = predicate
-        self.ready: list[tuple[int, Entry]] = []  # heap on publish sequence
-        self.key_queues: dict[str, deque[Entry]] = {}  # ordering: only each head is ready or leased
+        self.ready: list[tuple[int, Entry]] = []  # heap on publish sequence: unordered, and free keys' first
+        self.key_queues: dict[str, KeyQueue] = {}
         self.by_ack_id: dict[str, Entry] = {}
         self.unacked = 0
         self.streams_opened = 0
@@ -89,28 +136,51 @@ class SubscriptionQueue:
     def accepts(self, message) -> bool:
         return self.predicate is None or self.predicate(message.attributes)
 
+    def _key_queue(self, entry: Entry) -> KeyQueue | None:
+        key = entry.message.ordering_key
+        return self.key_queues.get(key) if key and self.config.enable_message_ordering else None
+
     def enqueue(self, entry: Entry) -> None:
         self.unacked += 1
         key = entry.message.ordering_key
         if self.config.enable_message_ordering and key:
-            queue = self.key_queues.setdefault(key, deque())
-            queue.append(entry)
-            if len(queue) > 1:
-                return  # waits until the earlier messages of its key are acked
+            queue = self.key_queues.get(key)
+            if queue is None:
+                queue = self.key_queues[key] = KeyQueue(key)
+            queue.entries.append(entry)
+            if queue.delivered == 0:
+                if len(queue.entries) == 1:
+                    heapq.heappush(self.ready, (entry.seq, entry))  # a free key's first message
+            elif queue.next_ready() is entry:
+                queue.holder.ready_keys[key] = None  # follows the key's outstanding ones
+            return
         heapq.heappush(self.ready, (entry.seq, entry))
 
-    def make_ready(self, entry: Entry) -> None:
-        entry.state = Entry.READY
-        heapq.heappush(self.ready, (entry.seq, entry))
-
-    def peek_ready(self) -> Entry | None:
+    def peek(self, holder: Batch) -> Entry | None:
+        """The next message `holder` may lease: its keys' next ones first, then the backlog."""
+        while holder.ready_keys:
+            key = next(iter(holder.ready_keys))
+            queue = self.key_queues.get(key)
+            entry = queue.next_ready() if queue is not None and queue.holder is holder else None
+            if entry is not None:
+                return entry
+            del holder.ready_keys[key]
         while self.ready and self.ready[0][1].state != Entry.READY:
             heapq.heappop(self.ready)  # acked late, after its lease expired
         return self.ready[0][1] if self.ready else None
 
-    def lease_next(self, ack_id: str, stream: Stream | None) -> Entry:
-        """Lease the entry `peek_ready` returned, under a new ack id."""
-        _, entry = heapq.heappop(self.ready)
+    def lease(self, entry: Entry, ack_id: str, holder: Batch, stream: Stream | None) -> None:
+        """Lease the entry `peek(holder)` returned, under a new ack id."""
+        queue = self._key_queue(entry)
+        if queue is None or queue.delivered == 0:
+            heapq.heappop(self.ready)
+        if queue is not None:
+            queue.holder = holder
+            queue.delivered += 1
+            if queue.next_ready() is not None:
+                holder.ready_keys[queue.key] = None
+            else:
+                holder.ready_keys.pop(queue.key, None)
         if entry.ack_id is not None:
             self.by_ack_id.pop(entry.ack_id, None)
         entry.attempts += 1
@@ -121,7 +191,6 @@ class SubscriptionQueue:
         if stream is not None:
             stream.outstanding += 1
             stream.outstanding_bytes += entry.size
-        return entry
 
     def unlease(self, entry: Entry) -> None:
         """Give the entry's room in its stream's flow-control window back."""
@@ -130,17 +199,55 @@ class SubscriptionQueue:
             stream.outstanding -= 1
             stream.outstanding_bytes -= entry.size
 
+    def release(self, entry: Entry) -> None:
+        """Nack or expiry: ready again, and with ordering every later message of its key sent so far."""
+        self.unlease(entry)
+        queue = self._key_queue(entry)
+        if queue is None:
+            entry.state = Entry.READY
+            heapq.heappush(self.ready, (entry.seq, entry))
+            return
+        index = queue.entries.index(entry)
+        for later in itertools.islice(queue.entries, index, queue.delivered):
+            if later.state == Entry.DONE:
+                if self.config.enable_exactly_once_delivery:
+                    continue  # an acked message never comes back there
+                self.unacked += 1  # acked after it, but resent all the same
+            self.unlease(later)
+            later.state = Entry.READY
+        queue.delivered = index
+        if index == 0:
+            self._free(queue)
+        else:
+            queue.holder.ready_keys[queue.key] = None
+
     def finish(self, entry: Entry) -> None:
-        """Drop an acked (or dead-lettered) message and release the next one of its key."""
+        """Drop an acked (or dead-lettered) message; with ordering, once those before it are done too."""
         entry.state = Entry.DONE
         self.unacked -= 1
         if entry.ack_id is not None:
             self.by_ack_id.pop(entry.ack_id, None)
-        key = entry.message.ordering_key
-        queue = self.key_queues.get(key) if self.config.enable_message_ordering and key else None
-        if queue and queue[0] is entry:
-            queue.popleft()
-            if queue:
-                heapq.heappush(self.ready, (queue[0].seq, queue[0]))
-            else:
-                del self.key_queues[key]
+        queue = self._key_queue(entry)
+        if queue is None or queue.entries[0] is not entry:
+            return
+        while queue.entries and queue.entries[0].state == Entry.DONE:
+            queue.entries.popleft()
+            queue.delivered = max(0, queue.delivered - 1)
+        if not queue.entries:
+            del self.key_queues[queue.key]
+        elif queue.delivered == 0:
+            self._free(queue)
+
+    def discard(self, entry: Entry) -> None:
+        """Dead-lettered (after `release`): gone for good, never resent with its key."""
+        queue = self._key_queue(entry)
+        if queue is not None and queue.entries[0] is not entry:
+            queue.entries.remove(entry)  # released, so past the part that went out
+        self.finish(entry)
+
+    def _free(self, queue: KeyQueue) -> None:
+        """Nothing of the key is out: its first message goes back to whoever pulls next."""
+        if queue.holder is not None:
+            queue.holder.ready_keys.pop(queue.key, None)
+            queue.holder = None
+        heapq.heappush(self.ready, (queue.entries[0].seq, queue.entries[0]))

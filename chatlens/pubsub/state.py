@@ -33,7 +33,7 @@ from chatlens.pubsub.names import (
     unimplemented,
 )
 from chatlens.pubsub.protos import PubsubMessage, PullResponse, StreamingPullResponse, Subscription, Topic
-from chatlens.pubsub.queues import Entry, Stream, SubscriptionQueue
+from chatlens.pubsub.queues import Batch, Entry, Stream, SubscriptionQueue
 
 log = logging.getLogger(__name__)
 
@@ -429,19 +429,20 @@ class Broker:
         """Lease ready messages into `out`, a repeated ReceivedMessage field."""
         now = time.monotonic()
         count_attempts = bool(state.dead_letter_topic)
+        holder = stream if stream is not None else Batch()
         taken = 0
         used_bytes = 0
         while taken < limit:
             if stream is not None and not stream.has_room():
                 break
-            entry = state.peek_ready()
+            entry = state.peek(holder)
             if entry is None:
                 break
             if taken and used_bytes + entry.size > MAX_RESPONSE_BYTES:
                 break
             if stream is not None and not stream.fits(entry):
                 break
-            state.lease_next(f"{self._ack_prefix}-{next(self._ack_ids)}", stream)
+            state.lease(entry, f"{self._ack_prefix}-{next(self._ack_ids)}", holder, stream)
             self._set_deadline(state, entry, now + ack_deadline)
             received = out.add(ack_id=entry.ack_id, delivery_attempt=entry.attempts if count_attempts else 0)
             received.message.CopyFrom(entry.message)
@@ -495,14 +496,14 @@ class Broker:
             self._modify(state, request.modify_deadline_ack_ids, request.modify_deadline_seconds)
 
     def _redeliver(self, state: SubscriptionQueue, entry: Entry) -> None:
-        """Nack or expiry: make the message ready again, or dead-letter it."""
-        state.unlease(entry)
+        """Nack or expiry: make the message ready again (with ordering, its key's later
+        ones sent so far too), or dead-letter it."""
         policy = state.config.dead_letter_policy
-        if policy.dead_letter_topic and entry.attempts >= policy.max_delivery_attempts:
-            if self._dead_letter(state, entry):
-                state.finish(entry)
-                return
-        state.make_ready(entry)
+        dead = bool(policy.dead_letter_topic) and entry.attempts >= policy.max_delivery_attempts
+        dead = dead and self._dead_letter(state, entry)
+        state.release(entry)
+        if dead:
+            state.discard(entry)
 
     def _dead_letter(self, state: SubscriptionQueue, entry: Entry) -> bool:
         topic = state.dead_letter_topic
