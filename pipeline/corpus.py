@@ -20,8 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from chatlens.contracts import SENTIMENT_LABELS, ChatWindow, ContractError, parse_window
+from pipeline.package_data import shipped
 
-DATA_DIR = Path(__file__).resolve().parents[1] / "data"
+DATA_DIR = shipped("data")  # the splits and README.md ship as package data; source/ and tools/ do not
 SPLITS = ("train", "dev", "test")
 LABELS = tuple(SENTIMENT_LABELS)  # -1, 0, 1
 GOLD_FIELDS = ("label", "summary", "reply", "scenario", "domain", "hard_cases")

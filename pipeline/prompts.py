@@ -17,8 +17,9 @@ from functools import lru_cache
 from pathlib import Path
 
 from chatlens.contracts import ChatMessage
+from pipeline.package_data import shipped
 
-PROMPTS_DIR = Path(os.environ.get("CHATLENS_PROMPTS_DIR", Path(__file__).resolve().parents[1] / "prompts"))
+PROMPTS_DIR = Path(os.environ.get("CHATLENS_PROMPTS_DIR") or shipped("prompts"))  # package data in a wheel
 TASKS = ("sentiment", "summary", "reply")
 VARIANTS = ("completion", "chat")
 OMITTED_MARKER = "[earlier messages omitted]"
