@@ -3,6 +3,8 @@
 Starts the local Pub/Sub-compatible server, creates the topics and subscriptions, then the
 services listed below, each as a child process in its own process group; their output is
 prefixed with their name. Ctrl-C (or SIGTERM) stops every child, leaving no orphans.
+If the Pub/Sub server dies it is started again, and a watchdog re-creates the topics and
+subscriptions it lost (its state is in memory); the dashboard and pipelines reconnect.
 """
 
 from __future__ import annotations
@@ -27,14 +29,20 @@ class Service:
     process: subprocess.Popen | None = field(default=None, repr=False)
     lines: int = 0  # lines of output so far (the simulator prints one per chat sent)
     quiet: bool = False  # count the output instead of printing it
+    restart: bool = False  # start it again when it exits (after it ran at least MIN_UPTIME_S)
+    started_at: float = 0.0
+    restarts: int = 0
 
 
 def chatlens_argv(*args: str) -> list[str]:
     return [sys.executable, "-m", "chatlens.cli", *args]
 
 
+MIN_UPTIME_S = 5.0  # a restartable service that exits sooner than this after its start has failed
+
+
 class Supervisor:
-    """Starts child processes, prefixes their output, and stops them all together."""
+    """Starts child processes, prefixes their output, restarts the ones that may be, and stops them all together."""
 
     def __init__(self, env: dict[str, str]):
         self.env = env
@@ -45,9 +53,24 @@ class Supervisor:
             service.argv, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
             start_new_session=True,
         )
+        service.started_at = time.monotonic()
         threading.Thread(target=self._relay, args=(service,), daemon=True).start()
-        self.services.append(service)
+        if service not in self.services:
+            self.services.append(service)
         return service
+
+    def revive(self) -> list[Service]:
+        """Start the restartable services that exited again (the Pub/Sub server: it is what the
+        others reconnect to); returns them. One that exited within MIN_UPTIME_S is left failed."""
+        revived = []
+        for service in self.services:
+            if (service.restart and service.process and service.process.poll() is not None
+                    and time.monotonic() - service.started_at >= MIN_UPTIME_S):
+                print(f"[{service.name}] exited with status {service.process.returncode}; starting it again",
+                      flush=True)
+                service.restarts += 1
+                revived.append(self.start(service))
+        return revived
 
     @staticmethod
     def _relay(service: Service) -> None:
@@ -57,7 +80,8 @@ class Supervisor:
                 print(f"[{service.name}] {line}", end="", flush=True)
 
     def failed(self) -> Service | None:
-        return next((s for s in self.services if s.process and s.process.poll() not in (None, 0)), None)
+        return next((s for s in self.services if s.process and s.process.poll() not in (None, 0)
+                     and not (s.restart and time.monotonic() - s.started_at >= MIN_UPTIME_S)), None)
 
     def stop(self, grace: float = 10.0) -> None:
         for service in reversed(self.services):
@@ -134,6 +158,7 @@ def run(args: argparse.Namespace) -> int:
            "CHATLENS_DATABASE_URL": f"sqlite:///{(args.state / 'dashboard.db').resolve()}",
            "CHATLENS_PORT": str(args.dashboard_port)}
     supervisor = Supervisor(env)
+    watchdog = None
     signal.signal(signal.SIGTERM, _interrupt)
     try:
         print("preparing the embedded Gemma (converted once, then cached)…", flush=True)
@@ -141,11 +166,13 @@ def run(args: argparse.Namespace) -> int:
 
         source = resolve_model(get_settings().model)
         print(f"model ready: {source.model_id} at {source.preset}")
-        supervisor.start(Service("pubsub", chatlens_argv("pubsub-emulator", "--port", str(args.port))))
+        supervisor.start(Service("pubsub", chatlens_argv("pubsub-emulator", "--port", str(args.port)), restart=True))
         wait_ready(host, timeout=30)
         os.environ["PUBSUB_EMULATOR_HOST"] = host
         created = ensure_layout(args.project)
         print(f"Pub/Sub server on {host}; project {args.project}: {len(created)} resources created")
+        # its state is in memory: when it comes back empty, the topics and subscriptions are made again
+        watchdog = pubsub_watchdog(args.project, host).start()
         if args.once:
             print("`make demo` runs: this Pub/Sub server, `chatlens dashboard`, `chatlens pipeline` "
                   "(windows and messages mode) and `chatlens simulate`.")
@@ -163,6 +190,7 @@ def run(args: argparse.Namespace) -> int:
         next_status = time.monotonic() + 20
         while (failed := supervisor.failed()) is None:
             time.sleep(0.5)
+            supervisor.revive()
             if time.monotonic() >= next_status:
                 print(f"[status] {status_line(dashboard, simulate.lines)}", flush=True)
                 next_status = time.monotonic() + 20
@@ -172,4 +200,13 @@ def run(args: argparse.Namespace) -> int:
         print("\nstopping…")
         return 0
     finally:
+        if watchdog is not None:
+            watchdog.stop()
         supervisor.stop()
+
+
+def pubsub_watchdog(project: str, host: str):
+    """The demo's LayoutWatchdog on its Pub/Sub server (it logs a warning at each re-creation)."""
+    from chatlens.pubsub.admin import LayoutWatchdog
+
+    return LayoutWatchdog(project, host, interval=1.0)

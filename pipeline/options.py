@@ -109,6 +109,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("--min-ram", "resource hint for the model stage, e.g. '16GB' (default none)"),
     Option("--max-outstanding", "local runners: most input messages held unacknowledged at once (default 200)",
            200, int),
+    Option("--lease-secs", "local runners: ack deadline (10-600 s) of an input message read but not yet "
+           "settled, renewed every quarter of it; what a killed pipeline held comes back this long after "
+           "(default 60)", 60, int),
 )
 
 
@@ -181,6 +184,7 @@ class PipelineConfig:
     accelerator: str | None = None
     min_ram: str | None = None
     max_outstanding: int = 200
+    lease_secs: int = 60
     model_sharing: str = "auto"
     remote_url: str | None = None
     remote_model: str | None = None
@@ -203,6 +207,8 @@ class PipelineConfig:
         for name in ("allowed_lateness_secs", "max_batch_duration_secs"):
             if getattr(self, name) < 0:
                 problems.append(f"--{name.replace('_', '-')} must not be negative")
+        if not 10 <= self.lease_secs <= 600:
+            problems.append("--lease-secs must be between 10 and 600 (Pub/Sub's ack deadlines)")
         if self.max_models_per_worker is not None and self.max_models_per_worker < 1:
             problems.append("--max-models-per-worker must be at least 1")
         if self.model_sharing not in MODEL_SHARING:

@@ -128,6 +128,9 @@ def run(args: argparse.Namespace) -> int:
 def run_pipeline(config: PipelineConfig, beam_args: list[str], status_every: float = 15.0) -> int:
     import apache_beam as beam
 
+    from pipeline.transforms import LEASES
+
+    LEASES.lease_seconds = config.lease_secs
     options = beam_options(config, beam_args, streaming=True)
     pipeline = beam.Pipeline(options=options)
     build(pipeline, config)
@@ -170,8 +173,6 @@ def run_pipeline(config: PipelineConfig, beam_args: list[str], status_every: flo
         signal.signal(sig, handler)
     if failure:
         log.error("pipeline failed: %s", failure[0])
-    from pipeline.transforms import LEASES
-
     status = progress_line(result)
     if not _cancel(result, STOP_GRACE_S):
         log.info("a bundle still running after %.0f s is abandoned; its messages go back too", STOP_GRACE_S)

@@ -245,7 +245,7 @@ def claimed_chat_id(data: bytes) -> str | None:
 
 def dead_letter(
     payload: bytes, stage: str, error_class: str, error_message: str, *, attributes: dict[str, str] | None = None,
-    chat_id: str | None = None, source_ids: Iterable[str | None] = (),
+    chat_id: str | None = None, source_ids: Iterable[str | None] = (), published_at: datetime | None = None,
 ) -> Output:
     """A DeadLetter Output; counted per stage. Payloads too large to republish are cut, saying so."""
     if len(payload) > MAX_DEAD_LETTER_PAYLOAD:
@@ -263,10 +263,27 @@ def dead_letter(
         failed_at=datetime.now(timezone.utc),
     )
     _counter(f"dead_letters_{stage}").inc()
+    sources = tuple(s for s in source_ids if s)
     out_attributes = {"stage": stage, "error_class": letter.error_class, "schema_version": str(SCHEMA_VERSION)}
     if chat_id:
         out_attributes["chat_id"] = chat_id
-    return Output(letter, out_attributes, tuple(s for s in source_ids if s))
+    if sources:
+        out_attributes["source_key"] = source_key(sources, published_at)
+    return Output(letter, out_attributes, sources)
+
+
+def source_key(source_ids: Iterable[str], published_at: datetime | None = None) -> str:
+    """Which input(s) a dead letter stands for, as its `source_key` attribute: their message ids
+    and the (newest) publish time, e.g. '17@2026-11-20T09:00:01.250000+00:00'.
+
+    A pipeline that dies between publishing a dead letter and acknowledging its input
+    publishes it again after the redelivery, as a new Pub/Sub message; the dashboard keys
+    dead letters on this attribute, so the two are one row. The publish time keeps it
+    unique when a restarted local Pub/Sub server numbers messages from 1 again. Long
+    keys are digested (attribute values are limited to 1024 bytes).
+    """
+    key = ",".join(sorted(source_ids)) + (f"@{utc(published_at).isoformat()}" if published_at else "")
+    return key if len(key) <= 256 else "sha256:" + hashlib.sha256(key.encode()).hexdigest()
 
 
 def exception_dead_letter(payload: bytes, stage: str, error: BaseException, **kwargs) -> Output:
@@ -282,7 +299,7 @@ def failed_batch_dead_letters(failure: tuple[Sequence[Any], tuple], stage: str) 
     log.warning("%s failed for a batch of %d window(s): %s", stage, len(batch), error_repr)
     for _route, (origin, _example) in batch:
         yield dead_letter(origin.payload, stage, name, error_repr, attributes=origin.attributes,
-                          chat_id=origin.chat_id, source_ids=origin.source_ids)
+                          chat_id=origin.chat_id, source_ids=origin.source_ids, published_at=origin.published_at)
 
 
 # ---- windows mode ------------------------------------------------------------------------
@@ -305,7 +322,8 @@ class _ValidateWindowFn(beam.DoFn):
         except ContractError as error:
             yield pvalue.TaggedOutput(DEAD_LETTER, exception_dead_letter(
                 envelope.data, "validate", error, attributes=envelope.attributes,
-                chat_id=claimed_chat_id(envelope.data), source_ids=[envelope.source_id]))
+                chat_id=claimed_chat_id(envelope.data), source_ids=[envelope.source_id],
+                published_at=envelope.published_at))
             return
         self.valid.inc()
         origin = Origin(chat.chat_id, chat.window_id, envelope.data, envelope.attributes, envelope.published_at,
@@ -359,7 +377,8 @@ class _ValidateMessageFn(beam.DoFn):
         except ContractError as error:
             yield pvalue.TaggedOutput(DEAD_LETTER, exception_dead_letter(
                 envelope.data, "validate", error, attributes=envelope.attributes,
-                chat_id=claimed_chat_id(envelope.data), source_ids=[envelope.source_id]))
+                chat_id=claimed_chat_id(envelope.data), source_ids=[envelope.source_id],
+                published_at=envelope.published_at))
             return
         closed = is_closing(envelope.attributes)
         event = MessageEvent(message, envelope.data, envelope.attributes, envelope.published_at,
@@ -506,7 +525,7 @@ class _BuildSessionWindowFn(beam.DoFn):
             payload = origin.payload if origin else b"\n".join(e.payload for e in events)
             yield pvalue.TaggedOutput(DEAD_LETTER, exception_dead_letter(
                 payload, "validate", error, attributes=events[-1].attributes, chat_id=chat_id,
-                source_ids=[e.source_id for e in events]))
+                source_ids=[e.source_id for e in events], published_at=max(e.published_at for e in events)))
             return
         self.windows.inc()
         self.sizes.update(len(chat.messages))
@@ -617,7 +636,7 @@ class _BuildInsightFn(beam.DoFn):
             log.warning("post-processing %s/%s failed: %s", origin.chat_id, origin.window_id, error)
             yield pvalue.TaggedOutput(DEAD_LETTER, exception_dead_letter(
                 origin.payload, "postprocess", error, attributes=origin.attributes, chat_id=origin.chat_id,
-                source_ids=origin.source_ids))
+                source_ids=origin.source_ids, published_at=origin.published_at))
             return
         self.insights.inc()
         self.by_sentiment[insight.sentiment].inc()
@@ -767,7 +786,8 @@ class Leases:
     acknowledges once its checkpoint holds the message.
     """
 
-    def __init__(self):
+    def __init__(self, lease_seconds: int = LEASE_SECONDS):
+        self.lease_seconds = lease_seconds
         self._lock = threading.Lock()
         self._held: dict[str, tuple[str, str]] = {}  # Pub/Sub message id -> (subscription, ack id)
         self._client = None
@@ -797,7 +817,7 @@ class Leases:
         with self._lock:
             for message_id, ack_id in received:
                 self._held[message_id] = (subscription, ack_id)
-        self._modify(subscription, [ack_id for _, ack_id in received], LEASE_SECONDS)
+        self._modify(subscription, [ack_id for _, ack_id in received], self.lease_seconds)
         self._start_renewer()
 
     def settle(self, message_ids: Iterable[str]) -> int:
@@ -812,7 +832,11 @@ class Leases:
         log.debug("settling %s: %d held", message_ids, sum(map(len, by_subscription.values())))
         for subscription, ack_ids in by_subscription.items():
             for start in range(0, len(ack_ids), 1000):
-                self._subscriber().acknowledge(subscription=subscription, ack_ids=ack_ids[start:start + 1000])
+                try:
+                    self._subscriber().acknowledge(subscription=subscription, ack_ids=ack_ids[start:start + 1000])
+                except Exception as error:  # noqa: BLE001 - the outcome is out; failing the bundle would resend it
+                    log.warning("could not acknowledge %d message(s) (%s): Pub/Sub redelivers them and their "
+                                "outcomes are published again", len(ack_ids[start:start + 1000]), error)
         return sum(map(len, by_subscription.values()))
 
     def release_all(self) -> int:
@@ -843,14 +867,14 @@ class Leases:
         self._renewer.start()
 
     def _renew(self) -> None:
-        while not self._stopped.wait(LEASE_RENEW_EVERY):
+        while not self._stopped.wait(min(LEASE_RENEW_EVERY, self.lease_seconds / 4)):
             with self._lock:
                 held = list(self._held.values())
             by_subscription: dict[str, list[str]] = {}
             for subscription, ack_id in held:
                 by_subscription.setdefault(subscription, []).append(ack_id)
             for subscription, ack_ids in by_subscription.items():
-                self._modify(subscription, ack_ids, LEASE_SECONDS)
+                self._modify(subscription, ack_ids, self.lease_seconds)
 
 
 LEASES = Leases()

@@ -160,6 +160,22 @@ def test_publish_ids_are_in_request_order(clients):
     assert [by_id[i] for i in response.message_ids] == [b"%d" % n for n in range(50)]
 
 
+def test_message_ids_never_repeat_across_server_restarts(monkeypatch):
+    """The service never reuses a message id; consumers that key on ids (dead letters from other
+    producers, the dashboard's error rows) would drop new messages as old ones otherwise."""
+    ids = []
+    for _ in range(2):  # the same port twice would also do; a restart starts from empty state
+        with EmulatorServer("localhost", 0) as server:
+            monkeypatch.setenv("PUBSUB_EMULATOR_HOST", server.address)
+            clients = Clients()
+            try:
+                topic = clients.topic()
+                ids += clients.publisher.api.publish(topic=topic, messages=[{"data": b"x"}] * 3).message_ids
+            finally:
+                clients.close()
+    assert len(set(ids)) == 6 and [int(i) for i in ids] == sorted(int(i) for i in ids)
+
+
 def pull_one(clients: Clients, subscription: str, timeout: float = 10.0):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

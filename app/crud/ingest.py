@@ -3,11 +3,13 @@
 A ChatInsight is stored once per (chat_id, window_id); a redelivery is recognised and
 reported as a duplicate. The chat row always shows the newest window, judged by the
 transcript's last message (then analysis time), so windows arriving out of order never
-roll a chat back. Anything that is not a valid message becomes an error row instead.
+roll a chat back. Anything that is not a valid message becomes an error row instead;
+a dead letter is stored once per input it stands for (`dead_letter_key`).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from datetime import datetime
 from enum import Enum
@@ -168,22 +170,45 @@ def ingest_insight(db: Database, data: bytes, *, message_id: str | None = None,
     raise AssertionError("unreachable")
 
 
+def dead_letter_key(letter: DeadLetter, attributes: dict[str, str] | None) -> str | None:
+    """A pipeline dead letter's identity: the input message(s) it stands for (its `source_key`
+    attribute, pipeline.transforms.source_key) and what it says about them; None without one.
+
+    The pipeline acknowledges an input only after its dead letter is published, so one killed
+    in between publishes the dead letter again, as a new Pub/Sub message, once the input is
+    redelivered: keyed on the input, both are one row. The dead letter's own message id is no
+    key: that is a new one each time, and a restarted local Pub/Sub server numbers messages
+    from 1 again, so an id can even come back for a different dead letter.
+    """
+    sources = (attributes or {}).get("source_key")
+    if not sources:
+        return None
+    digest = hashlib.sha256()
+    for part in (letter.stage, sources, letter.chat_id or "", json.dumps(letter.attributes, sort_keys=True)):
+        digest.update(part.encode("utf-8") + b"\0")
+    digest.update(letter.payload)
+    return "dl-" + digest.hexdigest()[:40]
+
+
 def ingest_dead_letter(db: Database, data: bytes, *, message_id: str | None = None,
                        attributes: dict[str, str] | None = None,
                        received_at: datetime | None = None) -> Outcome:
-    """Store a dead-letter-topic message for the errors view (invalid ones too)."""
+    """Store a dead-letter-topic message for the errors view (invalid ones too): the pipeline's
+    once per input (`dead_letter_key`), others once per Pub/Sub message."""
     try:
         letter = DeadLetter.model_validate_json(data)
     except ValidationError as error:
         return _store_invalid(db, "deadletter", "invalid_dead_letter", DeadLetter, data, error, message_id=message_id,
                               attributes=attributes, received_at=received_at)
+    pubsub = {f"pubsub.{name}": value for name, value in (attributes or {}).items()}
+    key = dead_letter_key(letter, attributes)
+    if key and message_id:
+        pubsub["pubsub.message_id"] = message_id
     return store_error(db, source="deadletter", kind="dead_letter", payload=letter.payload,
                        stage=letter.stage, error_class=letter.error_class,
                        error_message=letter.error_message, chat_id=letter.chat_id,
-                       failed_at=letter.failed_at, message_id=message_id,
-                       attributes=dict(letter.attributes) | {
-                           f"pubsub.{key}": value for key, value in (attributes or {}).items()},
-                       received_at=received_at)
+                       failed_at=letter.failed_at, message_id=key or message_id,
+                       attributes=dict(letter.attributes) | pubsub, received_at=received_at)
 
 
 def _guess_chat_id(payload: bytes, attributes: dict[str, str]) -> str | None:
@@ -200,7 +225,7 @@ def store_error(db: Database, *, source: str, kind: str, payload: bytes, error_m
                 error_class: str | None = None, stage: str | None = None, chat_id: str | None = None,
                 failed_at: datetime | None = None, message_id: str | None = None,
                 attributes: dict[str, str] | None = None, received_at: datetime | None = None) -> Outcome:
-    """Keep a message that could not be used, once per Pub/Sub message id."""
+    """Keep a message that could not be used, once per `message_id` (a pipeline dead letter's: its key)."""
     attributes = dict(attributes or {})
     try:
         with db.writing() as session:

@@ -11,6 +11,7 @@ import argparse
 import logging
 import os
 import sys
+import threading
 
 from chatlens.config import LAYOUT, PubSubLayout, subscription_path, topic_path
 
@@ -105,3 +106,69 @@ def admin_clients(emulator_host: str | None = None):
         transport=SubscriberGrpcTransport(channel=grpc.insecure_channel(emulator_host))
     )
     return publisher, subscriber
+
+
+class LayoutWatchdog:
+    """Keeps `layout` on a local Pub/Sub server whose state can vanish under running services.
+
+    The local server keeps topics and subscriptions in memory, so a restart comes back empty;
+    the dashboard's and the pipeline's subscribers then find nothing to reopen, and
+    publishers get NOT_FOUND. Every `interval` seconds this lists the project's topics and
+    subscriptions (a server that does not answer is skipped) and, when any is missing,
+    creates the layout again. `chatlens demo` runs one; `check()` is one look.
+    """
+
+    def __init__(self, project: str, emulator_host: str, layout: PubSubLayout = LAYOUT, *, interval: float = 1.0):
+        self.project, self.emulator_host, self.layout, self.interval = project, emulator_host, layout, interval
+        self.restorations = 0  # how often the layout was re-created
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def missing(self) -> list[str]:
+        """Paths of the layout the server lacks; raises when the server does not answer."""
+        publisher, subscriber = admin_clients(self.emulator_host)
+        try:
+            project = f"projects/{self.project}"
+            topics = {t.name for t in publisher.list_topics(request={"project": project}, retry=None, timeout=5)}
+            subscriptions = {s.name for s in subscriber.list_subscriptions(
+                request={"project": project}, retry=None, timeout=5)}
+        finally:
+            publisher.transport.close()
+            subscriber.close()
+        wanted = [topic_path(self.project, t) for t in self.layout.topics()]
+        wanted += [subscription_path(self.project, s) for s in self.layout.subscriptions()]
+        return [path for path in wanted if path not in topics | subscriptions]
+
+    def check(self) -> list[str]:
+        """Re-create the layout if the server lacks any of it; returns what was created."""
+        from google.api_core.exceptions import GoogleAPIError
+
+        try:
+            if not self.missing():
+                return []
+            created = ensure_layout(self.project, self.layout, emulator_host=self.emulator_host)
+        except GoogleAPIError as error:  # down or restarting: look again next time
+            log.debug("layout watchdog: %s", error)
+            return []
+        if created:
+            self.restorations += 1
+            log.warning("Pub/Sub server at %s lost its layout (restarted?): re-created %d resource(s)",
+                        self.emulator_host, len(created))
+        return created
+
+    def start(self) -> LayoutWatchdog:
+        self._thread = threading.Thread(target=self._run, name="pubsub-layout-watchdog", daemon=True)
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                self.check()
+            except Exception:  # noqa: BLE001 - a watchdog that dies helps nobody
+                log.exception("layout watchdog")
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(10)

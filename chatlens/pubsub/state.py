@@ -82,7 +82,9 @@ class Broker:
         self._reaper_due = math.inf
         self._reaper: threading.Thread | None = None
         self._closing = False
-        self._message_ids = itertools.count(1)
+        # Message ids never repeat across restarts (as the service's never do): they count on from
+        # the start time in microseconds, so a consumer keyed on message ids keeps working.
+        self._message_ids = itertools.count(time.time_ns() // 1000)
         self._ack_ids = itertools.count(1)
         # Ack ids differ between runs, so that a client still holding leases from a
         # server that was restarted on the same port cannot ack someone else's message.
