@@ -47,7 +47,7 @@ schemas: $(STAMP)
 
 # Regenerate README.md's configuration reference from the code.
 docs: $(STAMP)
-	$(BIN)/python -m chatlens.reference --write
+	$(BIN)/python -m cli.reference --write
 
 # Re-resolve every dependency from pyproject.toml and pin the result.
 lock:

@@ -219,7 +219,7 @@ class Pipeline:
         self.stage = stage
         self.log_path = workdir / f"pipeline-{stage}.log"
         chatlens = Path(sys.executable).with_name("chatlens")
-        command = [str(chatlens)] if chatlens.exists() else [sys.executable, "-m", "chatlens.cli"]
+        command = [str(chatlens)] if chatlens.exists() else [sys.executable, "-m", "cli"]
         self.command = [*command, "pipeline", "--project", PROJECT, "--status-every", "5",
                         "--model-stage", stage, "--max-batch-size", str(args.max_batch_size),
                         "--max-batch-duration-secs", str(args.max_batch_duration_secs)]

@@ -78,7 +78,9 @@ def analyze_file(input_path: Path, out: Path, dead_out: Path, config: PipelineCo
     import apache_beam as beam
 
     from pipeline.options import beam_options
-    from pipeline.transforms import DEAD_LETTER, STATS, AnalyzeChats, Envelope
+    from pipeline.metrics import STATS
+    from pipeline.transforms.analyze import AnalyzeChats
+    from pipeline.transforms.records import DEAD_LETTER, Envelope
 
     STATS.reset()
 
@@ -156,7 +158,7 @@ def _follow(result, total: int, progress: bool) -> None:
         from tqdm import tqdm
 
         bar = tqdm(total=total, unit="chat", desc="analyze", file=sys.stderr, dynamic_ncols=True)
-    from pipeline.transforms import STATS
+    from pipeline.metrics import STATS
 
     while not done.wait(0.5):
         if bar is None:

@@ -28,7 +28,6 @@ import os
 import signal
 import sys
 import threading
-from typing import Any
 
 from pipeline.options import PipelineConfig, add_pipeline_arguments, beam_options
 
@@ -65,37 +64,6 @@ def accept_beam_arguments(parser: argparse.ArgumentParser) -> None:
     parser.parse_known_args = keep_unknown  # type: ignore[method-assign]
 
 
-# ---- the graph -----------------------------------------------------------------------------
-def build(pipeline, config: PipelineConfig) -> dict[str, Any]:
-    """Add the streaming ChatLens graph to `pipeline`; returns its named PCollections."""
-    import apache_beam as beam
-
-    from pipeline.transforms import (
-        DEAD_LETTER,
-        SETTLED,
-        AnalyzeChats,
-        Envelope,
-        PublishFn,
-        read_from_pubsub,
-        settle,
-    )
-
-    envelopes = (
-        pipeline
-        | "ReadFromPubSub" >> read_from_pubsub(
-            config.subscription_path, timestamp_attribute=config.timestamp_attribute,
-            local=config.acks_after_publish,
-            max_outstanding=config.max_outstanding)
-        | "Envelope" >> beam.Map(lambda message, ts=beam.DoFn.TimestampParam: Envelope.from_pubsub(message, ts))
-    )
-    outputs = envelopes | "AnalyzeChats" >> AnalyzeChats(config)
-    _ = outputs["insights"] | "PublishInsights" >> beam.ParDo(PublishFn(config.results_topic_path, "insights"))
-    _ = outputs[DEAD_LETTER] | "PublishDeadLetters" >> beam.ParDo(
-        PublishFn(config.deadletter_topic_path, "dead_letters"))
-    _ = outputs[SETTLED] | "SettleDuplicates" >> beam.Map(settle)
-    return {"envelopes": envelopes, **outputs}
-
-
 # ---- the command ---------------------------------------------------------------------------
 def run(args: argparse.Namespace) -> int:
     try:
@@ -128,9 +96,13 @@ def run(args: argparse.Namespace) -> int:
 def run_pipeline(config: PipelineConfig, beam_args: list[str], status_every: float = 15.0) -> int:
     import apache_beam as beam
 
-    from pipeline.transforms import LEASES
+    from pipeline.graph import build
+    from pipeline.io.leases import LEASES
+    from pipeline.io.pubsub_read import install_local_reader
 
     LEASES.lease_seconds = config.lease_secs
+    if config.acks_after_publish:
+        install_local_reader()
     options = beam_options(config, beam_args, streaming=True)
     pipeline = beam.Pipeline(options=options)
     build(pipeline, config)
@@ -204,10 +176,11 @@ def _cancel(result, grace_s: float) -> bool:
 def progress_line(result=None) -> str:
     """The chatlens counters and the lag, e.g. 'insights=20 dead_letters_validate=4 ... lag_ms_mean=5120'.
 
-    Read from the in-process totals (pipeline.transforms.STATS): on the local runners
+    Read from the in-process totals (pipeline.metrics.STATS): on the local runners
     Beam's own metrics only reflect each step's first bundle while streaming.
     """
-    from pipeline.transforms import LEASES, STATS
+    from pipeline.io.leases import LEASES
+    from pipeline.metrics import STATS
 
     totals = STATS.counts()
     lag = STATS.distribution("insight_lag_ms")

@@ -253,7 +253,7 @@ def test_ops_endpoints_and_openapi(alice):
 
 def test_corrections_and_reviewed_replies_are_exported_as_examples(alice, database_url, capsys):
     from app.feedback import export_examples
-    from chatlens.cli import main
+    from cli.main import main
 
     alice.post("/api/chats/pos/sentiment", json={"corrected": "neutral"})
     neg = alice.get("/api/chats/neg-old").json()

@@ -19,11 +19,11 @@ def test_dashboard_command_serves_and_stops_cleanly_on_sigterm(tmp_path, pubsub_
     ensure_layout(DEFAULT_PROJECT, emulator_host=pubsub_server)
     url, port = sqlite_url(tmp_path), free_port()
     env = {**os.environ, "PUBSUB_EMULATOR_HOST": pubsub_server, "CHATLENS_SUBSCRIBER_PROBE_SECONDS": "1"}
-    add = subprocess.run([sys.executable, "-m", "chatlens.cli", "users", "--database-url", url, "add", "ann",
+    add = subprocess.run([sys.executable, "-m", "cli", "users", "--database-url", url, "add", "ann",
                           "--password-stdin"], input=f"{PASSWORD}\n", text=True, capture_output=True, env=env)
     assert add.returncode == 0, add.stderr
     process = subprocess.Popen(
-        [sys.executable, "-m", "chatlens.cli", "-v", "dashboard", "--port", str(port), "--database-url", url],
+        [sys.executable, "-m", "cli", "-v", "dashboard", "--port", str(port), "--database-url", url],
         cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     output: list[str] = []
     reader = threading.Thread(target=lambda: output.extend(process.stdout), daemon=True)

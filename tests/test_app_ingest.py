@@ -15,8 +15,8 @@ from app.crud.chats import QueueFilter
 from app.crud.ingest import Outcome, ingest_dead_letter, ingest_insight, waiting_since
 from app.db import Database
 from app.models import ErrorEvent, Event, Insight
-from chatlens.cli import main as chatlens
 from chatlens.contracts import DeadLetter
+from cli.main import main as chatlens
 
 
 @pytest.fixture(params=["fts5", "like"])

@@ -2,7 +2,7 @@
 Template, the Kubernetes manifest and the READMEs.
 
 No Docker engine runs here, so what can be checked without one is checked against the real
-code: every service's command line is parsed by `chatlens.cli.build_parser()`, the pipeline
+code: every service's command line is parsed by `cli.main.build_parser()`, the pipeline
 options resolved by `PipelineConfig.from_args` and Beam's own `PipelineOptions`, topic and
 subscription names compared with `chatlens.config.LAYOUT`, environment variables with the
 settings classes, the images' base versions with pyproject.toml and the installed Beam.
@@ -32,8 +32,8 @@ from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
 
-from chatlens.cli import build_parser
 from chatlens.config import DEFAULT_PROJECT, LAYOUT, Settings, get_settings, subscription_path, topic_path
+from cli.main import build_parser
 
 REPO = Path(__file__).resolve().parents[1]
 DEPLOY = REPO / "deploy"
@@ -272,7 +272,7 @@ def _distribution_of(file: str | None) -> str | None:
 
 def _project_imports(start: list[str]) -> set[str]:
     """Every module imported anywhere (also inside functions) by `start` and the project modules it reaches."""
-    project = ("app", "chatlens", "pipeline")
+    project = ("app", "chatlens", "cli", "pipeline")
     seen, third_party = set(), set()
     todo = list(start)
     while todo:
@@ -304,7 +304,7 @@ def test_dashboard_requirements_cover_what_its_commands_import():
     assert {canonicalize_name(r.name) for r in listed} <= constraints, "every package is pinned"
 
     # What the commands import when they start: `chatlens` builds its parser from every command module.
-    probe = ("import sys; before = set(sys.modules); import chatlens.cli; chatlens.cli.build_parser(); "
+    probe = ("import sys; before = set(sys.modules); import cli.main; cli.main.build_parser(); "
              "import app.main, app.server, app.subscriber, app.commands.users, chatlens.pubsub.admin, "
              "chatlens.simulate; print('\\n'.join(getattr(sys.modules[m], '__file__', None) or '' "
              "for m in set(sys.modules) - before))")
@@ -312,7 +312,7 @@ def test_dashboard_requirements_cover_what_its_commands_import():
                            env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}).stdout.split()
     needed = {_distribution_of(f) for f in files}
     # ... and what they import later, inside functions (the subscribers, the Pub/Sub clients).
-    for name in _project_imports(["app", "chatlens.cli", "chatlens.pubsub.admin", "chatlens.simulate"]):
+    for name in _project_imports(["app", "cli.main", "chatlens.pubsub.admin", "chatlens.simulate"]):
         spec = importlib.util.find_spec(name)
         needed.add(_distribution_of(spec.origin if spec else None))
     needed -= {None, "chatlens", *OPTIONAL}
@@ -763,7 +763,7 @@ def test_dataflow_translates_the_streaming_graph_with_deterministic_state_keys(t
     streaming graph; the model stage's deadline batching keeps state under typed keys, so Beam
     no longer warns that a stateful step's key coder may not be deterministic."""
     run = subprocess.run(
-        [sys.executable, "-m", "chatlens.cli", "pipeline", "--runner", "DataflowRunner", "--dry_run=True",
+        [sys.executable, "-m", "cli", "pipeline", "--runner", "DataflowRunner", "--dry_run=True",
          "--project", "chatlens-test", "--region", "europe-west1", "--temp_location", "gs://chatlens-test/tmp",
          "--mode", "messages", "--max-batch-duration-secs", "2"],
         cwd=tmp_path, capture_output=True, text=True, timeout=300)

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from chatlens.cli import main
+from cli.main import main
 from pipeline import scoring
 from pipeline.corpus import load_split
 from pipeline.evaluate import Prediction, score_system

@@ -7,7 +7,7 @@ dashboard's SQLite database read directly.
    and the duplicates a kill can make (outcomes published again for redelivered inputs),
    made certain by freezing a pipeline past its leases, are still one row each.
 2. The Pub/Sub server dies and comes back empty on the same port under a running dashboard
-   and pipeline: the demo's Supervisor starts it again, its LayoutWatchdog re-creates the
+   and pipeline: the demo's ProcessGroup starts it again, its LayoutWatchdog re-creates the
    topics and subscriptions, and every window published afterwards is stored, unattended.
 
 Each wait is bounded; a failing test prints the tails of the services' logs.
@@ -336,7 +336,7 @@ def test_a_dead_letter_published_again_for_a_redelivered_input_is_one_row(tmp_pa
 
     from app.crud.ingest import Outcome, ingest_dead_letter
     from app.db import Database
-    from pipeline.transforms import dead_letter
+    from pipeline.transforms.dead_letters import dead_letter
 
     t0 = datetime(2026, 11, 20, 9, 0, tzinfo=timezone.utc)
     payload = b"not json at all"
@@ -363,26 +363,26 @@ def test_a_dead_letter_published_again_for_a_redelivered_input_is_one_row(tmp_pa
 
 # ---- 2. the Pub/Sub server restarts ------------------------------------------------------------------
 def test_pubsub_server_restart_under_running_dashboard_and_pipeline_recovers_unattended(tmp_path, monkeypatch):
-    """The demo's own machinery keeps the server: its Supervisor starts `chatlens pubsub-emulator` again
+    """The demo's own machinery keeps the server: its ProcessGroup starts `chatlens pubsub-emulator` again
     when it dies, and its LayoutWatchdog re-creates the layout on the empty server; the dashboard and
     the pipeline are never touched."""
-    from chatlens.demo import Service as DemoService
-    from chatlens.demo import Supervisor, chatlens_argv, pubsub_watchdog
     from chatlens.pubsub.admin import ensure_layout
     from chatlens.pubsub.emulator import wait_ready
+    from cli.demo import ProcessGroup, chatlens_argv, pubsub_watchdog
+    from cli.demo import Service as DemoService
 
     port = free_port()
     host = f"localhost:{port}"
     monkeypatch.setenv("PUBSUB_EMULATOR_HOST", host)
-    supervisor = Supervisor({**os.environ, "PYTHONUNBUFFERED": "1"})
+    processes = ProcessGroup({**os.environ, "PYTHONUNBUFFERED": "1"})
     watchdog = None
     database = tmp_path / "dashboard.db"
     before, before_bad = windows("a", 20), malformed("a")
     after, after_bad = windows("b", 20), malformed("b")
     services: list = []
     try:
-        server = supervisor.start(DemoService("pubsub", chatlens_argv("pubsub-emulator", "--port", str(port)),
-                                              restart=True))
+        server = processes.start(DemoService("pubsub", chatlens_argv("pubsub-emulator", "--port", str(port)),
+                                             restart=True))
         wait_ready(host, 30)
         ensure_layout(PROJECT)
         watchdog = pubsub_watchdog(PROJECT, host).start()
@@ -394,7 +394,7 @@ def test_pubsub_server_restart_under_running_dashboard_and_pipeline_recovers_una
         os.killpg(server.process.pid, signal.SIGKILL)
         server.process.wait(10)
         down = time.monotonic()
-        wait_for(lambda: bool(supervisor.revive()), 30, 0.5, "the supervisor to start the server again")
+        wait_for(lambda: bool(processes.revive()), 30, 0.5, "the process group to start the server again")
         wait_ready(host, 30)
         back = time.monotonic() - down
         wait_for(lambda: watchdog.restorations >= 1, 30, 0.2, "the watchdog to re-create the layout", services)
@@ -421,4 +421,4 @@ def test_pubsub_server_restart_under_running_dashboard_and_pipeline_recovers_una
             service.kill() if isinstance(service, Service) else service.stop(signal.SIGKILL, 10)
         if watchdog is not None:
             watchdog.stop()
-        supervisor.stop()
+        processes.stop()

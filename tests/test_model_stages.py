@@ -38,7 +38,7 @@ def config_from(*argv: str) -> PipelineConfig:
 
 def run_inference_transforms(config: PipelineConfig) -> list:
     """The RunInference transforms of the streaming graph `config` describes."""
-    from pipeline.streaming import build
+    from pipeline.graph import build
 
     pipeline = beam.Pipeline(options=PipelineOptions(streaming=True, project=PROJECT))
     build(pipeline, config)

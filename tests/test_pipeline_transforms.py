@@ -38,24 +38,14 @@ from chatlens.contracts import (
     parse_window,
 )
 from pipeline.options import PipelineConfig
-from pipeline.transforms import (
-    DEAD_LETTER,
-    SETTLED,
-    AnalyzeChats,
-    AnalyzeWindows,
-    BatchChats,
-    DeduplicateWindows,
-    Envelope,
-    Origin,
-    Sessionize,
-    ValidateMessages,
-    ValidateWindows,
-    build_insight,
-    dead_letter,
-    failed_batch_dead_letters,
-    insight_attributes,
-    window_id_for,
-)
+from pipeline.transforms.analyze import AnalyzeChats, AnalyzeWindows
+from pipeline.transforms.batching import BatchChats
+from pipeline.transforms.dead_letters import dead_letter, failed_batch_dead_letters
+from pipeline.transforms.dedup import DeduplicateWindows
+from pipeline.transforms.insights import build_insight, insight_attributes
+from pipeline.transforms.records import DEAD_LETTER, SETTLED, Envelope, Origin
+from pipeline.transforms.sessions import Sessionize, window_id_for
+from pipeline.transforms.validate import ValidateMessages, ValidateWindows
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -364,7 +354,7 @@ def test_pipeline_options_defaults_validation_and_beam_pass_through():
 def test_graph_has_one_model_stage_with_the_shared_model_and_resource_hints():
     from apache_beam.options.pipeline_options import PipelineOptions
 
-    from pipeline.streaming import build
+    from pipeline.graph import build
 
     config = PipelineConfig(project="chatlens-test", runner="DataflowRunner", accelerator="type:nvidia-l4;count:1",
                             min_ram="16GB")
@@ -495,7 +485,8 @@ def test_model_stage_noop_option_and_baseline_handler():
     from pipeline.model.analysis import WindowAnalysis
     from pipeline.model.noop import NOOP_FLAG, NOOP_MODEL_ID, NoopModelHandler
     from pipeline.options import beam_options, chatlens_options_class
-    from pipeline.streaming import add_arguments, build
+    from pipeline.graph import build
+    from pipeline.streaming import add_arguments
 
     parser = argparse.ArgumentParser()
     add_arguments(parser)

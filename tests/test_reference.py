@@ -1,6 +1,6 @@
 """README.md's configuration reference matches the code (flags from argparse, variables from Settings)."""
 
-from chatlens import reference
+from cli import reference
 
 
 def test_readme_configuration_reference_is_current():

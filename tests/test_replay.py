@@ -11,9 +11,9 @@ from pipeline_fixtures import Collector, e2e_malformed, e2e_windows, message_jso
 
 from app.crud.ingest import ingest_dead_letter
 from app.db import Database
-from chatlens.cli import main
 from chatlens.config import LAYOUT, subscription_path
 from chatlens.contracts import DeadLetter
+from cli.main import main
 
 PROJECT = "chatlens-test"
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 from datetime import datetime, timedelta, timezone
 
-from chatlens.cli import main
 from chatlens.config import LAYOUT, subscription_path
 from chatlens.contracts import parse_message, parse_window
 from chatlens.simulate import DEMO_CHATS, load_chats
+from cli.main import main
 from pipeline.corpus import SPLITS, load_split
 
 

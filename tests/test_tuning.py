@@ -204,7 +204,7 @@ def test_tune_from_dashboard_learns_what_staff_taught_and_never_replaces_a_bette
     from fastapi.testclient import TestClient
 
     from app.main import create_app
-    from chatlens.cli import main
+    from cli.main import main
     from pipeline.model.sources import manifest_path
 
     database_url, tokens = staffed_database("sqlite", tmp_path)

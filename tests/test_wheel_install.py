@@ -34,7 +34,7 @@ from chatlens.config import DEFAULT_PROJECT
 from chatlens.contracts import ChatInsight, DeadLetter
 
 REPO = Path(__file__).resolve().parents[1]
-PACKAGES = ("app", "chatlens", "pipeline")
+PACKAGES = ("app", "chatlens", "cli", "pipeline")
 # What a build never reads: left out of the copy the wheel is built from (the repository itself
 # gets no build/ or *.egg-info from this test).
 NOT_COPIED = {".git", ".venv", "tests", "docs", "bench", "deploy", ".ci", "shared", "build", "dist",

@@ -172,7 +172,7 @@ def ingest_insight(db: Database, data: bytes, *, message_id: str | None = None,
 
 def dead_letter_key(letter: DeadLetter, attributes: dict[str, str] | None) -> str | None:
     """A pipeline dead letter's identity: the input message(s) it stands for (its `source_key`
-    attribute, pipeline.transforms.source_key) and what it says about them; None without one.
+    attribute, pipeline.transforms.dead_letters.source_key) and what it says about them; None without one.
 
     The pipeline acknowledges an input only after its dead letter is published, so one killed
     in between publishes the dead letter again, as a new Pub/Sub message, once the input is

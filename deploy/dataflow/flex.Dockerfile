@@ -23,6 +23,7 @@ RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml
 
 COPY README.md ./
 COPY chatlens ./chatlens
+COPY cli ./cli
 COPY pipeline ./pipeline
 COPY app ./app
 COPY prompts ./prompts

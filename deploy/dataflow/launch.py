@@ -22,7 +22,7 @@ DEFAULT_RUNNER = "DataflowRunner"
 
 def pipeline_flags() -> dict[str, str]:
     """`chatlens pipeline`'s options: argparse dest -> the flag the command accepts."""
-    from chatlens.cli import build_parser
+    from cli.main import build_parser
 
     parser = build_parser()
     subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
@@ -50,7 +50,7 @@ def to_chatlens_argv(argv: list[str]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from chatlens.cli import main as chatlens_main
+    from cli.main import main as chatlens_main
 
     return chatlens_main(to_chatlens_argv(sys.argv[1:] if argv is None else argv))
 

@@ -48,18 +48,8 @@ class WindowAnalysis:
         return float(max(self.scores))
 
 
-def window_of(element: Any) -> ChatWindow:
-    """The ChatWindow inside a model-stage example: a window, or a tuple holding one.
-
-    Examples are a task's input, optionally tagged: `(tag, input)` carries a tag (the
-    pipeline's message origin) through RunInference untouched.
-    """
-    if isinstance(element, ChatWindow):
-        return element
-    for part in element if isinstance(element, tuple) else ():
-        try:
-            return window_of(part)
-        except TypeError:
-            continue
-    raise TypeError(f"no ChatWindow in {type(element).__name__}")
+def chat_of(example: Any) -> ChatWindow:
+    """The ChatWindow of a model-stage example: a ChatWindow, or a record with one as `chat`
+    (the pipeline's `TaggedWindow`, whose origin rides through RunInference untouched)."""
+    return example if isinstance(example, ChatWindow) else example.chat
 

@@ -27,7 +27,7 @@ from typing import Any
 from apache_beam.ml.inference.base import ModelHandler, PredictionResult
 from apache_beam.utils import shared
 
-from pipeline.model.analysis import REPLY_FOR, window_of
+from pipeline.model.analysis import REPLY_FOR, chat_of
 from pipeline.model.watch import PresetWatch, preset_of
 
 log = logging.getLogger(__name__)
@@ -60,8 +60,9 @@ class GemmaModelHandler(ModelHandler[Any, Any, Any]):
       all of it in one pass per chat; an untuned one is prompted per output.
     - sentiment: ChatWindow -> (P(negative), P(neutral), P(positive)); for evaluation.
 
-    Examples may be tagged, `(tag, input)`: the tag rides along in the PredictionResult's
-    example. Each batch is one call into the engine, which batches on the model itself.
+    Examples are ChatWindows, or records holding one as `chat` (the pipeline's TaggedWindow,
+    see `chat_of`): the rest rides along in the PredictionResult's example. Each batch is
+    one call into the engine, which batches on the model itself.
     With `watch_pattern` (local runners; see pipeline/model/watch.py) the handler switches
     to the newest preset matching the pattern, checked every `watch_interval_secs`.
     """
@@ -148,13 +149,13 @@ class GemmaModelHandler(ModelHandler[Any, Any, Any]):
                       ) -> Iterable[PredictionResult]:
         model = self._current(model)
         if self._task == "sentiment":
-            scores = model.classify([window_of(example) for example in batch])
+            scores = model.classify([chat_of(example) for example in batch])
             return [PredictionResult(example, score) for example, score in zip(batch, scores)]
-        analyses = model.analyze([window_of(example) for example in batch], self._reply_for)
+        analyses = model.analyze([chat_of(example) for example in batch], self._reply_for)
         return [PredictionResult(example, analysis, analysis.model_id) for example, analysis in zip(batch, analyses)]
 
     def get_num_bytes(self, batch: Sequence[Any]) -> int:
-        return sum(len(m.text.encode("utf-8")) for element in batch for m in window_of(element).messages)
+        return sum(len(m.text.encode("utf-8")) for element in batch for m in chat_of(element).messages)
 
     def get_metrics_namespace(self) -> str:
         return f"chatlens_{self._task}"

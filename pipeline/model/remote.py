@@ -48,7 +48,7 @@ from typing import Any
 from apache_beam.ml.inference.base import PredictionResult, RemoteModelHandler
 
 from chatlens.contracts import MAX_REPLY_CHARS, MAX_SUMMARY_CHARS
-from pipeline.model.analysis import REPLY_FOR, WindowAnalysis, wants_reply, window_of
+from pipeline.model.analysis import REPLY_FOR, WindowAnalysis, chat_of, wants_reply
 from pipeline.model.generation import clean_completion
 from pipeline.prompts import fit_transcript, transcript_lines
 
@@ -405,7 +405,7 @@ class OpenAIChatModelHandler(RemoteModelHandler[Any, PredictionResult, OpenAICha
         return self._batching_kwargs
 
     def get_num_bytes(self, batch: Sequence[Any]) -> int:
-        return sum(len(m.text.encode("utf-8")) for example in batch for m in window_of(example).messages)
+        return sum(len(m.text.encode("utf-8")) for example in batch for m in chat_of(example).messages)
 
     def get_metrics_namespace(self) -> str:
         return "chatlens_remote"
@@ -414,7 +414,7 @@ class OpenAIChatModelHandler(RemoteModelHandler[Any, PredictionResult, OpenAICha
     def payload(self, example: Any, system: str) -> tuple[dict[str, Any], bool]:
         """The chat-completions request body for one example and task (its system prompt), and
         whether old messages were cut."""
-        window = window_of(example)
+        window = chat_of(example)
         transcript, truncated = fit_transcript(
             transcript_lines(window.messages), lambda text: len(text) <= self._max_transcript_chars)
         body: dict[str, Any] = {

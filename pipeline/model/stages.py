@@ -9,7 +9,8 @@
 - `noop`: the benchmarking baseline of bench/e2e.py.
 
 RunInference examples are keyed by route (the tenant, or `DEFAULT_ROUTE`), and carry the
-pipeline's message origin as a tag: `(route, (origin, input))`.
+pipeline's message origin along: `Routed(route, TaggedWindow(origin, chat))`
+(pipeline/transforms/records.py).
 """
 
 from __future__ import annotations
@@ -106,9 +107,10 @@ class ModelStage:
 
     @property
     def prebatched(self) -> bool:
-        """Batches by deadline are made before RunInference (`pipeline.transforms.BatchChats`):
-        Beam's own (`BatchElements(max_batch_duration_secs=...)`) keeps its state under untyped
-        keys, whose coder is not deterministic."""
+        """Batches by deadline are made before RunInference
+        (`pipeline.transforms.batching.BatchChats`): Beam's own
+        (`BatchElements(max_batch_duration_secs=...)`) keeps its state under untyped keys,
+        whose coder is not deterministic."""
         return bool(self.max_batch_duration_secs)
 
     def _batching(self) -> dict[str, Any]:
@@ -134,7 +136,7 @@ class ModelStage:
 
 class StageModelHandler(KeyedModelHandler):
     """Beam's KeyedModelHandler, which takes the batches made upstream where the stage batches
-    by deadline (`prebatched`: streaming, see `pipeline.transforms.BatchChats`)."""
+    by deadline (`prebatched`: streaming, see `pipeline.transforms.batching.BatchChats`)."""
 
     def __init__(self, unkeyed, prebatched: bool = False, **kwargs):
         super().__init__(unkeyed, **kwargs)

@@ -3,7 +3,7 @@
 Every flag of the `chatlens` commands comes from their argparse parsers, every
 environment variable from the pydantic Settings classes. README.md holds the rendered
 tables between `<!-- reference:NAME -->` and `<!-- /reference:NAME -->` markers;
-`make docs` (python -m chatlens.reference --write) rewrites them and a test fails when
+`make docs` (python -m cli.reference --write) rewrites them and a test fails when
 they are stale.
 """
 
@@ -26,7 +26,7 @@ def _cell(text: object) -> str:
 
 def command_table(name: str) -> str:
     """Markdown table of one command's flags: flag, default, meaning."""
-    from chatlens.cli import build_parser
+    from cli.main import build_parser
 
     parser = build_parser()
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices[name]

@@ -35,14 +35,15 @@ class Service:
 
 
 def chatlens_argv(*args: str) -> list[str]:
-    return [sys.executable, "-m", "chatlens.cli", *args]
+    return [sys.executable, "-m", "cli", *args]
 
 
 MIN_UPTIME_S = 5.0  # a restartable service that exits sooner than this after its start has failed
 
 
-class Supervisor:
-    """Starts child processes, prefixes their output, restarts the ones that may be, and stops them all together."""
+class ProcessGroup:
+    """The demo's child processes as one group: starts them, prefixes their output, restarts the
+    ones that may be, and stops them all together. (Not "Supervisor": that is a dashboard role.)"""
 
     def __init__(self, env: dict[str, str]):
         self.env = env
@@ -157,7 +158,7 @@ def run(args: argparse.Namespace) -> int:
     env = {**os.environ, "PUBSUB_EMULATOR_HOST": host, "CHATLENS_PROJECT": args.project, "PYTHONUNBUFFERED": "1",
            "CHATLENS_DATABASE_URL": f"sqlite:///{(args.state / 'dashboard.db').resolve()}",
            "CHATLENS_PORT": str(args.dashboard_port)}
-    supervisor = Supervisor(env)
+    processes = ProcessGroup(env)
     watchdog = None
     signal.signal(signal.SIGTERM, _interrupt)
     try:
@@ -166,7 +167,7 @@ def run(args: argparse.Namespace) -> int:
 
         source = resolve_model(get_settings().model)
         print(f"model ready: {source.model_id} at {source.preset}")
-        supervisor.start(Service("pubsub", chatlens_argv("pubsub-emulator", "--port", str(args.port)), restart=True))
+        processes.start(Service("pubsub", chatlens_argv("pubsub-emulator", "--port", str(args.port)), restart=True))
         wait_ready(host, timeout=30)
         os.environ["PUBSUB_EMULATOR_HOST"] = host
         created = ensure_layout(args.project)
@@ -178,19 +179,19 @@ def run(args: argparse.Namespace) -> int:
                   "(windows and messages mode) and `chatlens simulate`.")
             return 0
         password = create_staff(env, args.state)
-        supervisor.start(Service("dashboard", chatlens_argv("dashboard")))
+        processes.start(Service("dashboard", chatlens_argv("dashboard")))
         for mode in ("windows", "messages"):
-            supervisor.start(Service(f"pipeline-{mode}", chatlens_argv("pipeline", "--mode", mode)))
-        simulate = supervisor.start(Service("simulate", chatlens_argv("simulate", "--rate", str(args.rate)),
-                                            quiet=True))
+            processes.start(Service(f"pipeline-{mode}", chatlens_argv("pipeline", "--mode", mode)))
+        simulate = processes.start(Service("simulate", chatlens_argv("simulate", "--rate", str(args.rate)),
+                                           quiet=True))
         print(f"\nDashboard: {dashboard}  (user 'demo'"
               + (f", password {password} — shown once)" if password else ", password as printed on the first run)"))
         print("The pipelines load Gemma and compile for a minute or two before the first insights arrive.")
         print("Ctrl-C stops everything.\n", flush=True)
         next_status = time.monotonic() + 20
-        while (failed := supervisor.failed()) is None:
+        while (failed := processes.failed()) is None:
             time.sleep(0.5)
-            supervisor.revive()
+            processes.revive()
             if time.monotonic() >= next_status:
                 print(f"[status] {status_line(dashboard, simulate.lines)}", flush=True)
                 next_status = time.monotonic() + 20
@@ -202,7 +203,7 @@ def run(args: argparse.Namespace) -> int:
     finally:
         if watchdog is not None:
             watchdog.stop()
-        supervisor.stop()
+        processes.stop()
 
 
 def pubsub_watchdog(project: str, host: str):

@@ -3,6 +3,7 @@
 Each subcommand lives in its own module, which defines `add_arguments(parser)` and
 `run(args) -> int` and keeps heavy imports (JAX, Beam, FastAPI) inside `run`, so that
 `chatlens --help` stays fast. The module docstring's first line is the command's help.
+`python -m cli` runs it too (cli/__main__.py).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ COMMANDS: dict[str, str] = {
     "replay": "app.commands.replay",
     "pubsub-emulator": "chatlens.pubsub.emulator",
     "pubsub-init": "chatlens.pubsub.admin",
-    "demo": "chatlens.demo",
+    "demo": "cli.demo",
     "simulate": "chatlens.simulate",
     "eval": "pipeline.evaluate",
     "tune": "pipeline.tune",

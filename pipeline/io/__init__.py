@@ -1,0 +1,1 @@
+"""The pipeline's Pub/Sub I/O: reading with leases on local runners, publishing, settling."""
