@@ -15,6 +15,7 @@ from contextlib import contextmanager
 from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.schema import CreateIndex
 
 from app.models import Base
 
@@ -65,8 +66,12 @@ class Database:
         self.fts = False
 
     def create_all(self) -> None:
-        """Create missing tables (and the FTS5 index when wanted and available)."""
+        """Create missing tables and indexes (and the FTS5 index when wanted and available)."""
         Base.metadata.create_all(self.engine)
+        with self.engine.begin() as conn:  # indexes added since an existing database was made
+            for table in Base.metadata.sorted_tables:
+                for index in table.indexes:
+                    conn.execute(CreateIndex(index, if_not_exists=True))
         self.fts = self._setup_fts() if self.search_backend in ("auto", "fts5") else False
         if self.search_backend == "fts5" and not self.fts:
             raise RuntimeError("search_backend is 'fts5' but this database has no FTS5")
@@ -82,9 +87,16 @@ class Database:
                 )
                 indexed = conn.exec_driver_sql("SELECT count(*) FROM chat_fts").scalar()
                 chats = conn.exec_driver_sql("SELECT count(*) FROM chats").scalar()
-                if indexed != chats:  # new index, or the database was used without FTS: rebuild
+                # Each chat's row has the chat row's rowid (search.index_chat finds it by that).
+                # Rebuild when it is a new index, the database was used without FTS, or rowids
+                # differ (an index from before rowids were kept, or a VACUUM renumbered chats).
+                aligned = conn.exec_driver_sql(
+                    "SELECT count(*) FROM chats c JOIN chat_fts f ON f.rowid = c.rowid AND f.chat_id = c.chat_id"
+                ).scalar()
+                if indexed != chats or aligned != chats:
                     conn.exec_driver_sql("DELETE FROM chat_fts")
-                    conn.exec_driver_sql("INSERT INTO chat_fts (chat_id, body) SELECT chat_id, search_text FROM chats")
+                    conn.exec_driver_sql(
+                        "INSERT INTO chat_fts (rowid, chat_id, body) SELECT rowid, chat_id, search_text FROM chats")
             return True
         except OperationalError as error:  # SQLite built without FTS5
             log.warning("no FTS5 (%s): search falls back to LIKE", error)

@@ -84,7 +84,13 @@ class Chat(Base):
     updated_by: Mapped[str | None] = mapped_column(String(64))
     search_text: Mapped[str] = mapped_column(Text, default="")
 
-    __table_args__ = (Index("ix_chats_queue", "status", "effective_sentiment", "waiting_since"),)
+    __table_args__ = (
+        Index("ix_chats_queue", "status", "effective_sentiment", "waiting_since"),
+        # The queue's order: its first page is read in order and the LIMIT stops the scan (without
+        # it, every open chat was read and sorted: 90-160 ms a page at 100,000 chats); with status
+        # last, the open filter and the per-sentiment counts come from the index alone.
+        Index("ix_chats_order", "effective_sentiment", "waiting_since", "chat_id", "status"),
+    )
 
 
 class Insight(Base):

@@ -52,9 +52,16 @@ def condition(query: str | None, fts: bool) -> ColumnElement[bool] | None:
 
 
 def index_chat(session: Session, chat_id: str, body: str) -> None:
-    """Replace the chat's FTS5 row (call only when the database has FTS5)."""
-    session.execute(text("DELETE FROM chat_fts WHERE chat_id = :chat_id"), {"chat_id": chat_id})
+    """Replace the chat's FTS5 row (call only when the database has FTS5).
+
+    The row's rowid is the chat row's (see Database._setup_fts): FTS5 finds a rowid at once,
+    while a lookup by its UNINDEXED chat_id column reads the whole index (70 ms a chat at
+    100,000 chats, which capped ingest at about 15 insights a second).
+    """
+    session.flush()  # the chat row, and so its rowid, must be in the database
+    rowid = session.execute(text("SELECT rowid FROM chats WHERE chat_id = :chat_id"), {"chat_id": chat_id}).scalar_one()
+    session.execute(text("DELETE FROM chat_fts WHERE rowid = :rowid"), {"rowid": rowid})
     session.execute(
-        text("INSERT INTO chat_fts (chat_id, body) VALUES (:chat_id, :body)"),
-        {"chat_id": chat_id, "body": body},
+        text("INSERT INTO chat_fts (rowid, chat_id, body) VALUES (:rowid, :chat_id, :body)"),
+        {"rowid": rowid, "chat_id": chat_id, "body": body},
     )
