@@ -8,7 +8,8 @@ Two sources of noise, one filter each:
   `install_log_filters()` drops exactly those records.
 - Native libraries: TensorFlow (under tensorflow-text) is a CUDA build; on a machine without a GPU it
   writes "Could not find cuda drivers" on import and "failed call to cuInit" on its first op, and
-  sentencepiece notes "precompiled_charsmap is empty" for Gemma's tokenizer, straight to file
+  sentencepiece notes "precompiled_charsmap is empty" for Gemma's tokenizer, and TensorFlow's
+  oneDNN note ("custom operations are on") comes on every import, all straight to file
   descriptor 2. `native_noise_filtered()` passes fd 2 through a line filter while that happens;
   the CUDA lines are kept where an NVIDIA device exists (there they matter).
 """
@@ -28,7 +29,9 @@ NOT_ACTIONABLE = re.compile(
     r"Failed to import GCSFileSystem|apitools not found|Resource module is not available for current platform"
     r"|Background thread did not exit"
 )
-TOKENIZER_NOISE = rb"precompiled_charsmap is empty"
+# sentencepiece's note on Gemma's tokenizer; TensorFlow's "oneDNN custom operations are on" (an INFO
+# line about float round-off, printed on import whatever TF_CPP_MIN_LOG_LEVEL a later process sets)
+ALWAYS_NOISE = rb"precompiled_charsmap is empty|oneDNN custom operations are on"
 NO_GPU_NOISE = (rb"absl::InitializeLog\(\) is called are written to STDERR|cudart_stub\.cc.*Could not find cuda drivers"
                 rb"|failed call to cuInit|Unable to register cu(DNN|FFT|BLAS) factory")
 
@@ -72,7 +75,7 @@ def native_noise_filtered() -> Iterator[None]:
 
 @contextmanager
 def _filtered_fd2() -> Iterator[None]:
-    noise = re.compile(TOKENIZER_NOISE if gpu_present() else TOKENIZER_NOISE + b"|" + NO_GPU_NOISE)
+    noise = re.compile(ALWAYS_NOISE if gpu_present() else ALWAYS_NOISE + b"|" + NO_GPU_NOISE)
     sys.stderr.flush()
     saved = os.dup(2)
     read_end, write_end = os.pipe()

@@ -184,11 +184,14 @@ def convert_gguf(gguf_path: Path, preset_dir: Path, *, dtype: str = "float32", p
     Every GGUF tensor must land on exactly one keras variable and every keras
     variable must be filled, so a layout change in either library fails loudly.
     """
-    import keras_hub
+    from chatlens.quiet import native_noise_filtered
+    from pipeline.model.sources import import_keras_hub
 
+    keras_hub = import_keras_hub()  # JAX backend, TensorFlow's import notes filtered (a first run converts)
     reader = gguf.GGUFReader(gguf_path)
     meta = read_metadata(reader)
-    tokenizer = keras_hub.models.Gemma3Tokenizer(proto=tokenizer_proto(meta), has_vision_tokens=False)
+    with native_noise_filtered():  # sentencepiece's note on Gemma's tokenizer
+        tokenizer = keras_hub.models.Gemma3Tokenizer(proto=tokenizer_proto(meta), has_vision_tokens=False)
     preprocessor = keras_hub.models.Gemma3CausalLMPreprocessor(tokenizer=tokenizer, image_converter=None)
     backbone = keras_hub.models.Gemma3Backbone(**backbone_config(meta), dtype=dtype)
 
