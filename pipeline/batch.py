@@ -19,7 +19,8 @@ from collections import Counter
 from pathlib import Path
 
 from pipeline.model.analysis import REPLY_FOR
-from pipeline.options import PipelineConfig
+from pipeline.model.backends.base import DEFAULT_MODEL
+from pipeline.options import DEFAULTS, PipelineConfig
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -27,13 +28,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-o", "--output", type=Path, metavar="OUT.jsonl",
                         help="where the ChatInsights go (default: IN.insights.jsonl); dead letters go to "
                              "OUT.deadletter.jsonl")
-    parser.add_argument("--model", help="model spec (default: CHATLENS_MODEL, else gemma3-270m, the tuned one)")
+    parser.add_argument("--model", help=f"model spec (default: CHATLENS_MODEL, else {DEFAULT_MODEL}, the tuned one)")
     parser.add_argument("--adapter", metavar="FILE", help="a LoRA adapter (.lora.h5) tuned for --model")
     parser.add_argument("--model-cache", metavar="DIR", help="where converted models are cached (default: CHATLENS_CACHE)")
     parser.add_argument("--prompt-variant", help="prompt set: 'completion' or 'chat' (default: follows the model)")
-    parser.add_argument("--max-batch-size", type=int, default=8, help="largest model batch (default 8)")
-    parser.add_argument("--reply-for", choices=REPLY_FOR, default="negative",
-                        help="which chats get a reply draft (default negative)")
+    parser.add_argument("--max-batch-size", type=int, default=DEFAULTS["max_batch_size"],
+                        help="largest model batch (default %(default)s)")
+    parser.add_argument("--reply-for", choices=REPLY_FOR, default=DEFAULTS["reply_for"],
+                        help="which chats get a reply draft (default %(default)s)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 

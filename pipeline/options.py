@@ -6,7 +6,10 @@ registers the same table with Beam, so the values travel inside the job's
 PipelineOptions (visible in the Dataflow UI) and `options.view_as(ChatLensOptions)`
 reads them back. Arguments the command does not know are Beam options
 (`--region`, `--temp_location`, `--flink_master`, ...) and go to PipelineOptions as
-they are. Nothing heavy is imported at module level, so `chatlens --help` stays fast.
+they are. The model rows come from the model backends (`pipeline.model.backends`: the rows
+they all read, `--model-stage`, and each backend's own); every default is written once, in
+its row, and read from there. Nothing heavy is imported at module level, so
+`chatlens --help` stays fast.
 """
 
 from __future__ import annotations
@@ -16,29 +19,17 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from chatlens.config import LAYOUT
-from pipeline.model.analysis import REPLY_FOR
+from pipeline.model.backends import BACKENDS, SHARED_OPTIONS, backend_options
+from pipeline.model.backends.base import DEFAULT_MODEL, Option
 
 LOCAL_RUNNERS = ("BundleBasedDirectRunner", "DirectRunner", "SwitchingDirectRunner")
 DEFAULT_RUNNER = "BundleBasedDirectRunner"
-MODEL_STAGES = ("gemma", "remote", "noop")
-"""--model-stage: Gemma on the worker, an OpenAI-compatible endpoint, or the benchmarking baseline."""
+MODEL_STAGES = tuple(BACKENDS)
+"""--model-stage: the model backends (pipeline/model/backends/), by name."""
 MODEL_SHARING = ("auto", "process", "machine")
 MODEL_TAG = "chatlens-gemma"
 """RunInference `model_identifier` of the model stage: one model per machine, shared by its processes."""
-
-
-@dataclass(frozen=True)
-class Option:
-    flag: str
-    help: str
-    default: Any = None
-    type: Any = str
-    choices: tuple[str, ...] | None = None
-    metavar: str | None = None
-
-    @property
-    def dest(self) -> str:
-        return self.flag.lstrip("-").replace("-", "_")
+_MODEL_BEFORE_STAGE = 3  # --model, --adapter, --model-cache come before --model-stage
 
 
 OPTIONS: tuple[Option, ...] = (
@@ -56,44 +47,13 @@ OPTIONS: tuple[Option, ...] = (
            LAYOUT.deadletter_topic),
     Option("--timestamp-attribute", "message attribute holding the event time (RFC 3339 or epoch millis); "
            "default: the Pub/Sub publish time", metavar="NAME"),
-    Option("--model", "model spec: 'gemma3-270m' (the embedded Gemma 3 270M tuned by ChatLens), "
-           "'gemma3-270m-base' (untuned), a keras-hub preset directory or handle "
-           "(default: CHATLENS_MODEL, else gemma3-270m)"),
-    Option("--adapter", "a LoRA adapter (.lora.h5, from `chatlens tune`) tuned for --model, merged into it "
-           "once at load (default: none; gemma3-270m already carries ChatLens's own)", metavar="FILE"),
-    Option("--model-cache", "where converted models are cached (default: CHATLENS_CACHE)", metavar="DIR"),
-    Option("--model-stage", "what the model stages run: 'gemma' (default), Gemma on the worker; 'remote', an "
-           "OpenAI-compatible endpoint (--remote-url, --remote-model); or 'noop', a benchmarking baseline "
-           "for bench/e2e.py that keeps the RunInference stages but answers every window at once with a fixed "
-           "neutral analysis (model_id noop-baseline), to measure the pipeline's own overhead; never for real "
-           "traffic", "gemma", choices=MODEL_STAGES),
-    Option("--remote-url", "--model-stage remote: base URL of an OpenAI-compatible API, e.g. "
-           "http://vllm:8000/v1 (the API key, if any, is read on the workers from CHATLENS_REMOTE_API_KEY)",
-           metavar="URL"),
-    Option("--remote-model", "--model-stage remote: the model name the endpoint serves, e.g. "
-           "google/gemma-3-4b-it", metavar="NAME"),
+    *SHARED_OPTIONS[:_MODEL_BEFORE_STAGE],
+    *backend_options(),
     Option("--model-sharing", "how workers share the model: 'machine' (one copy per machine for all worker "
            "processes, Beam's multi_process_shared), 'process' (one copy per worker process, shared by both "
            "stages), 'auto' (default: process on local runners, which run in one process; machine elsewhere)",
            "auto", choices=MODEL_SHARING),
-    Option("--tenant-models", "per-tenant models: 'TENANT=MODEL[,TENANT=MODEL...]' (a chat's tenant field "
-           "picks its model, through Beam's KeyedModelHandler with KeyModelMappings; other tenants use --model)",
-           metavar="MAP"),
-    Option("--max-models-per-worker", "with --tenant-models: most models kept loaded per worker, least "
-           "recently used ones are released (Beam's max_models_per_worker_hint; default: no limit)", type=int,
-           metavar="N"),
-    Option("--model-watch", "switch models without restarting: a file pattern matching a file inside each "
-           "new preset directory, e.g. 'gs://bucket/presets/*/config.json'; the newest match added after the "
-           "start wins (RunInference's watch_model_pattern; local runners watch in the handler)",
-           metavar="PATTERN"),
-    Option("--model-watch-interval-secs", "how often --model-watch looks for new presets (default 60)", 60, int),
-    Option("--prompt-variant", "prompt set: 'completion' or 'chat' (default: follows the model kind)"),
-    Option("--min-batch-size", "smallest model batch (default 1)", 1, int),
-    Option("--max-batch-size", "largest model batch (default 8)", 8, int),
-    Option("--max-batch-duration-secs", "longest a batch waits to fill up; 0 batches within a bundle only "
-           "(default 1)", 1, int),
-    Option("--model-copies", "copies of the model per machine, e.g. one per GPU (default 1)", 1, int),
-    Option("--reply-for", "which chats get a reply draft (default negative)", "negative", choices=REPLY_FOR),
+    *SHARED_OPTIONS[_MODEL_BEFORE_STAGE:],
     Option("--session-gap-secs", "messages mode: a chat's session ends after this much silence (default 600)",
            600, int),
     Option("--early-fire-count", "messages mode: analyse a growing chat again after this many new messages "
@@ -113,6 +73,9 @@ OPTIONS: tuple[Option, ...] = (
            "settled, renewed every quarter of it; what a killed pipeline held comes back this long after "
            "(default 60)", 60, int),
 )
+
+DEFAULTS: dict[str, Any] = {option.dest: option.default for option in OPTIONS}
+"""Every option's default, from its row: what PipelineConfig, batch.py and the handlers use."""
 
 
 def add_pipeline_arguments(parser: argparse.ArgumentParser) -> None:
@@ -160,38 +123,38 @@ class PipelineConfig:
     """The resolved options of one pipeline run (defaults filled in from Settings and LAYOUT)."""
 
     project: str
-    runner: str = DEFAULT_RUNNER
-    mode: str = "windows"
+    runner: str = DEFAULTS["runner"]
+    mode: str = DEFAULTS["mode"]
     subscription: str = LAYOUT.windows_subscription
-    results_topic: str = LAYOUT.insights_topic
-    deadletter_topic: str = LAYOUT.deadletter_topic
+    results_topic: str = DEFAULTS["results_topic"]
+    deadletter_topic: str = DEFAULTS["deadletter_topic"]
     timestamp_attribute: str | None = None
-    model: str = "gemma3-270m"
+    model: str = DEFAULT_MODEL
     adapter: str | None = None
     model_cache: str | None = None
-    model_stage: str = "gemma"
+    model_stage: str = DEFAULTS["model_stage"]
     prompt_variant: str | None = None
-    min_batch_size: int = 1
-    max_batch_size: int = 8
-    max_batch_duration_secs: int = 1
-    model_copies: int = 1
-    reply_for: str = "negative"
-    session_gap_secs: int = 600
-    early_fire_count: int = 4
-    early_fire_secs: int = 30
-    allowed_lateness_secs: int = 86_400
-    dedup_ttl_secs: int = 3_600
+    min_batch_size: int = DEFAULTS["min_batch_size"]
+    max_batch_size: int = DEFAULTS["max_batch_size"]
+    max_batch_duration_secs: int = DEFAULTS["max_batch_duration_secs"]
+    model_copies: int = DEFAULTS["model_copies"]
+    reply_for: str = DEFAULTS["reply_for"]
+    session_gap_secs: int = DEFAULTS["session_gap_secs"]
+    early_fire_count: int = DEFAULTS["early_fire_count"]
+    early_fire_secs: int = DEFAULTS["early_fire_secs"]
+    allowed_lateness_secs: int = DEFAULTS["allowed_lateness_secs"]
+    dedup_ttl_secs: int = DEFAULTS["dedup_ttl_secs"]
     accelerator: str | None = None
     min_ram: str | None = None
-    max_outstanding: int = 200
-    lease_secs: int = 60
-    model_sharing: str = "auto"
+    max_outstanding: int = DEFAULTS["max_outstanding"]
+    lease_secs: int = DEFAULTS["lease_secs"]
+    model_sharing: str = DEFAULTS["model_sharing"]
     remote_url: str | None = None
     remote_model: str | None = None
     tenant_models: str | None = None
     max_models_per_worker: int | None = None
     model_watch: str | None = None
-    model_watch_interval_secs: int = 60
+    model_watch_interval_secs: int = DEFAULTS["model_watch_interval_secs"]
     model_tag: str = MODEL_TAG
 
     def __post_init__(self):
@@ -217,7 +180,7 @@ class PipelineConfig:
             problems.append(f"--model-stage must be one of {', '.join(MODEL_STAGES)}, not {self.model_stage!r}")
         elif not problems:
             try:
-                self.model_stage_settings()
+                self.model_backend()
             except ValueError as error:
                 problems.append(str(error))
         if problems:
@@ -239,11 +202,13 @@ class PipelineConfig:
             return not self.local
         return self.model_sharing == "machine"
 
-    def model_stage_settings(self):
-        """The ModelStage (pipeline/model/stages.py) these options describe."""
-        from pipeline.model.stages import ModelStage, parse_tenant_models
+    def model_backend(self):
+        """The ModelBackend (pipeline/model/backends/keyed.py) these options describe."""
+        from pipeline.model.backends import backend
+        from pipeline.model.backends.keyed import ModelBackend, parse_tenant_models
 
-        return ModelStage(
+        own = {row.dest: getattr(self, row.dest) for row in backend(self.model_stage).options}
+        return ModelBackend(
             kind=self.model_stage, model=self.model, adapter=self.adapter, reply_for=self.reply_for,
             cache_dir=self.model_cache, prompt_variant=self.prompt_variant,
             min_batch_size=self.min_batch_size, max_batch_size=self.max_batch_size,
@@ -251,7 +216,7 @@ class PipelineConfig:
             model_copies=self.model_copies if self.model_copies > 1 else None,
             tenant_models=parse_tenant_models(self.tenant_models), max_models_per_worker=self.max_models_per_worker,
             watch_pattern=self.model_watch, watch_interval_secs=self.model_watch_interval_secs,
-            watch_in_handler=self.local, remote_url=self.remote_url, remote_model=self.remote_model,
+            watch_in_handler=self.local, options=own,
         )
 
     @property

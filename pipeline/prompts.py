@@ -17,10 +17,11 @@ from functools import lru_cache
 from pathlib import Path
 
 from chatlens.contracts import ChatMessage
+from pipeline.model.tasks import PROMPT_TASKS, Task
 from pipeline.package_data import shipped
 
 PROMPTS_DIR = Path(os.environ.get("CHATLENS_PROMPTS_DIR") or shipped("prompts"))  # package data in a wheel
-TASKS = ("sentiment", "summary", "reply")
+TASKS = PROMPT_TASKS
 VARIANTS = ("completion", "chat")
 OMITTED_MARKER = "[earlier messages omitted]"
 
@@ -106,7 +107,8 @@ def load_prompts(variant: str, directory: Path = PROMPTS_DIR) -> PromptSet:
     labels = tuple(section["labels"])
     if len(labels) != 3:
         raise ValueError("a prompt variant needs exactly three labels: negative, neutral, positive")
-    prefixes = {task: section["answer_prefix"].get(task, "") for task in ("summary", "reply")}
+    generated = (Task.SUMMARY, Task.REPLY)  # the tasks whose answer the model writes out
+    prefixes = {task: section["answer_prefix"].get(task, "") for task in generated}
     for task, prefix in prefixes.items():
         if not templates[task].endswith(prefix):
             raise ValueError(f"{variant}/{task}.txt must end with its answer prefix {prefix!r}")
@@ -116,6 +118,6 @@ def load_prompts(variant: str, directory: Path = PROMPTS_DIR) -> PromptSet:
         templates=templates,
         labels=labels,  # type: ignore[arg-type]
         calibration=tuple(section["calibration"]),
-        stop={task: tuple(section["stop"][task]) for task in ("summary", "reply")},
+        stop={task: tuple(section["stop"][task]) for task in generated},
         answer_prefix=prefixes,
     )

@@ -20,7 +20,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from chatlens.contracts import parse_window
 from pipeline.model.handler import GemmaModelHandler
 from pipeline.model.remote import OpenAIChatModelHandler
-from pipeline.model.stages import DEFAULT_ROUTE, ModelStage, TenantModelHandler, parse_tenant_models
+from pipeline.model.backends.keyed import DEFAULT_ROUTE, ModelBackend, TenantModelHandler, parse_tenant_models
 from pipeline.model.watch import PresetWatch, preset_of
 from pipeline.options import PipelineConfig
 from pipeline_fixtures import run_inference_nodes, window_json
@@ -77,7 +77,7 @@ def test_tenant_models_parse_and_fail_clearly():
 def test_tenant_models_route_through_keyed_model_mappings():
     config = config_from("--tenant-models", "quickbite=/models/a,telnova=/models/b,skyway=/models/a",
                          "--max-models-per-worker", "2", "--max-batch-size", "4")
-    stage = config.model_stage_settings()
+    stage = config.model_backend()
     chat = parse_window(window_json("c1", [("customer", "hi")], tenant="quickbite"))
     other = parse_window(window_json("c2", [("customer", "hi")], tenant="northbank"))
     untenanted = parse_window(window_json("c3", [("customer", "hi")]))
@@ -161,5 +161,5 @@ def test_remote_stage_options_build_the_openai_handler():
     assert handler._unkeyed._reply_for == "negative" and handler._unkeyed._base_url == "http://vllm:8000/v1"
     assert handler.batch_elements_kwargs()["max_batch_size"] == 16
     assert transform._model_tag.endswith("-remote")  # never attaches to a loaded Gemma
-    assert ModelStage(kind="remote", remote_url="http://x/v1", remote_model="m").route(
+    assert ModelBackend(kind="remote", options={"remote_url": "http://x/v1", "remote_model": "m"}).route(
         parse_window(window_json("c1", [("customer", "hi")], tenant="t"))) == DEFAULT_ROUTE

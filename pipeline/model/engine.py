@@ -39,6 +39,7 @@ from pipeline.model.generation import (
     is_degenerate,
     length_groups,
 )
+from pipeline.model.tasks import Task
 from pipeline.prompts import PromptSet, fit_transcript, transcript_lines
 
 log = logging.getLogger(__name__)
@@ -95,7 +96,7 @@ class GemmaEngine:
         self._shapes: set[tuple] = set()
         self._label_ids = self._single_token_ids(prompts.labels)
         self._stop_ids = {task: self._stop_token_ids(stops) for task, stops in prompts.stop.items()}
-        template = prompts.templates["sentiment"]
+        template = prompts.templates[Task.SENTIMENT]
         self._head_text = template[: template.index("{transcript}")]
         self._head = None  # attention cache of the shared prompt head, built on first use
         self._prefill_fn, self._score_fn = self._build_score_fns()
@@ -179,7 +180,7 @@ class GemmaEngine:
         return self.prompts.render(task, transcript), truncated
 
     def _max_new_tokens(self, task: str) -> int:
-        return {"sentiment": 1, "summary": self.config.summary_tokens, "reply": self.config.reply_tokens}[task]
+        return {Task.SENTIMENT: 1, Task.SUMMARY: self.config.summary_tokens, Task.REPLY: self.config.reply_tokens}[task]
 
     # ---- compiled programs -------------------------------------------------------------
     def _note_shape(self, kind: str, batch: int, length: int) -> None:
@@ -258,7 +259,7 @@ class GemmaEngine:
             head_ids = np.array([self._encode(self._head_text)], dtype="int32")
             self._note_shape("prefill", *head_ids.shape)
             self._head = self._prefill_fn(self._state(), head_ids)
-        rows = [self.tokenize(self.prompts.render("sentiment", t)[len(self._head_text):]) for t in transcripts]
+        rows = [self.tokenize(self.prompts.render(Task.SENTIMENT, t)[len(self._head_text):]) for t in transcripts]
         log_probs = np.zeros((len(rows), len(self._label_ids)), dtype="float32")
         for group in length_groups([len(r) for r in rows], max_spread=LENGTH_SPREAD):
             token_ids, _ = self._padded([rows[i] for i in group], extra=0)
@@ -367,7 +368,7 @@ class GemmaEngine:
                 self.generate(prompts, self._max_new_tokens(task), self._stop_ids[task])]
 
     def sentiment(self, windows: Sequence[ChatWindow]) -> np.ndarray:
-        transcripts = [self.fitted_transcript("sentiment", w)[0] for w in windows]
+        transcripts = [self.fitted_transcript(Task.SENTIMENT, w)[0] for w in windows]
         calibrated = self._label_probabilities(transcripts) / self._calibration ** self.config.calibration_strength
         return calibrated / calibrated.sum(axis=1, keepdims=True)
 
@@ -390,13 +391,13 @@ class GemmaEngine:
         with self._lock:
             started = time.perf_counter()
             scores = self.sentiment(windows)
-            prompts, truncated = zip(*(self.prompt_for("summary", w) for w in windows))
-            summaries = self._answers("summary", prompts)
+            prompts, truncated = zip(*(self.prompt_for(Task.SUMMARY, w) for w in windows))
+            summaries = self._answers(Task.SUMMARY, prompts)
             self.stats.batches += 1
             log.debug("analyzed %d windows in %.2fs", len(windows), time.perf_counter() - started)
         results = []
         for window_scores, summary, cut in zip(scores, summaries, truncated):
-            flags = _flags(summary, "summary") + (("context_truncated",) if cut else ())
+            flags = _flags(summary, Task.SUMMARY) + (("context_truncated",) if cut else ())
             if summary.tokens:
                 text = clean_completion(summary.text, MAX_SUMMARY_CHARS)
             else:
@@ -415,15 +416,15 @@ class GemmaEngine:
     def draft_replies(self, windows: Sequence[ChatWindow]) -> list[tuple[str | None, tuple[str, ...]]]:
         """An apology reply draft per window (None when the model produced nothing usable)."""
         with self._lock:
-            prompts = [self.prompt_for("reply", w)[0] for w in windows]
-            replies = self._answers("reply", prompts)
+            prompts = [self.prompt_for(Task.REPLY, w)[0] for w in windows]
+            replies = self._answers(Task.REPLY, prompts)
             self.stats.batches += 1
         drafts = []
         for reply in replies:
             if reply.tokens:
-                drafts.append((clean_completion(reply.text, MAX_REPLY_CHARS), _flags(reply, "reply")))
+                drafts.append((clean_completion(reply.text, MAX_REPLY_CHARS), _flags(reply, Task.REPLY)))
             else:
-                drafts.append((None, _flags(reply, "reply") + ("reply_empty",)))
+                drafts.append((None, _flags(reply, Task.REPLY) + ("reply_empty",)))
         return drafts
 
     def get_stats(self) -> dict:

@@ -28,11 +28,15 @@ from apache_beam.ml.inference.base import ModelHandler, PredictionResult
 from apache_beam.utils import shared
 
 from pipeline.model.analysis import REPLY_FOR, chat_of
+from pipeline.model.backends import default
+from pipeline.model.backends.base import DEFAULT_MODEL
+from pipeline.model.tasks import Task
 from pipeline.model.watch import PresetWatch, preset_of
 
 log = logging.getLogger(__name__)
 
-TASKS = ("analyze", "sentiment")
+TASKS = (Task.ANALYZE, Task.SENTIMENT)
+"""What GemmaModelHandler runs (the gemma and noop backends)."""
 
 DEFAULT_ENV = {
     "KERAS_BACKEND": "jax",
@@ -69,25 +73,25 @@ class GemmaModelHandler(ModelHandler[Any, Any, Any]):
 
     def __init__(
         self,
-        model: str = "gemma3-270m",
+        model: str = DEFAULT_MODEL,
         *,
-        task: str = "analyze",
-        reply_for: str = "negative",
+        task: Task | str = Task.ANALYZE,
+        reply_for: str = default("reply_for"),
         adapter: str | Path | None = None,
         cache_dir: str | Path | None = None,
         prompt_variant: str | None = None,
         engine_config: Any = None,
-        min_batch_size: int = 1,
-        max_batch_size: int = 8,
+        min_batch_size: int = default("min_batch_size"),
+        max_batch_size: int = default("max_batch_size"),
         max_batch_duration_secs: int | None = None,
         large_model: bool = True,
         model_copies: int | None = None,
         env_vars: dict[str, str] | None = None,
         watch_pattern: str | None = None,
-        watch_interval_secs: float = 60.0,
+        watch_interval_secs: float = default("model_watch_interval_secs"),
     ):
         if task not in TASKS:
-            raise ValueError(f"task must be one of {TASKS}, not {task!r}")
+            raise ValueError(f"task must be one of {', '.join(TASKS)}, not {task!r}")
         if reply_for not in REPLY_FOR:
             raise ValueError(f"reply_for must be one of {REPLY_FOR}, not {reply_for!r}")
         super().__init__(
@@ -99,7 +103,7 @@ class GemmaModelHandler(ModelHandler[Any, Any, Any]):
             env_vars={**DEFAULT_ENV, **(env_vars or {})},
         )
         self._model = model
-        self._task = task
+        self._task = Task(task)
         self._reply_for = reply_for
         self._adapter = str(adapter) if adapter else None
         self._cache_dir = str(cache_dir) if cache_dir else None
@@ -112,7 +116,7 @@ class GemmaModelHandler(ModelHandler[Any, Any, Any]):
         self._watched: tuple[str, Any] | None = None  # (preset, engine) found by the watch
 
     def __repr__(self) -> str:
-        return f"GemmaModelHandler(model={self._model!r}, task={self._task!r})"
+        return f"GemmaModelHandler(model={self._model!r}, task={str(self._task)!r})"
 
     def load_model(self):
         if self.share_model_across_processes():
@@ -148,7 +152,7 @@ class GemmaModelHandler(ModelHandler[Any, Any, Any]):
     def run_inference(self, batch: Sequence[Any], model: Any, inference_args: dict | None = None
                       ) -> Iterable[PredictionResult]:
         model = self._current(model)
-        if self._task == "sentiment":
+        if self._task is Task.SENTIMENT:
             scores = model.classify([chat_of(example) for example in batch])
             return [PredictionResult(example, score) for example, score in zip(batch, scores)]
         analyses = model.analyze([chat_of(example) for example in batch], self._reply_for)

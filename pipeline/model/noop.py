@@ -66,7 +66,7 @@ class NoopModelHandler(GemmaModelHandler):
     """
 
     def __repr__(self) -> str:
-        return f"NoopModelHandler(task={self._task!r})"
+        return f"NoopModelHandler(task={str(self._task)!r})"
 
     def load_model(self) -> NoopModel:
         log.warning("model stage 'noop' (pid %d): a benchmarking baseline, the insights are not analyses",

@@ -6,7 +6,8 @@ from typing import Any
 
 import apache_beam as beam
 
-from pipeline.model.stages import ModelStage
+from pipeline.model.backends import DEFAULT_BACKEND
+from pipeline.model.backends.keyed import ModelBackend
 from pipeline.transforms.batching import BatchChats
 from pipeline.transforms.dead_letters import failed_batch_dead_letters
 from pipeline.transforms.dedup import DeduplicateWindows
@@ -27,40 +28,41 @@ class AnalyzeWindows(beam.PTransform):
     """TaggedWindows -> ChatInsight Outputs, plus dead letters of the model stage.
 
     Reshuffle (spread the model work), then one RunInference through the shared model
-    (`model_tag`): sentiment, summary and, for the chats the stage's `reply_for` selects, a
+    (`model_tag`): sentiment, summary and, for the chats the backend's `reply_for` selects, a
     reply draft (a tuned model does all three in one pass per chat), then the insight.
-    Elements enter RunInference as `Routed` (keyed by their model route, pipeline/model/stages.py)
+    Elements enter RunInference as `Routed` (keyed by their model route, pipeline/model/backends/keyed.py)
     with the origin riding along in the example. Failed batches become dead letters of stage
     "inference", failed insights of stage "postprocess".
     """
 
-    def __init__(self, stage: ModelStage, model_tag: str | None = None, resource_hints: dict[str, str] | None = None):
+    def __init__(self, backend: ModelBackend, model_tag: str | None = None,
+                 resource_hints: dict[str, str] | None = None):
         super().__init__()
-        self._stage = stage
+        self._backend = backend
         self._model_tag = model_tag
         self._hints = dict(resource_hints or {})
-        if stage.kind != "gemma" and model_tag:
-            self._model_tag = f"{model_tag}-{stage.kind}"  # never attach to a loaded Gemma
+        if backend.kind != DEFAULT_BACKEND and model_tag:
+            self._model_tag = f"{model_tag}-{backend.kind}"  # never attach to a loaded Gemma
 
     def _run_inference(self):
         from apache_beam.ml.inference.base import RunInference
 
-        transform = RunInference(self._stage.handler(), model_identifier=self._model_tag,
-                                 **self._stage.run_inference_kwargs())
+        transform = RunInference(self._backend.handler(), model_identifier=self._model_tag,
+                                 **self._backend.run_inference_kwargs())
         if self._hints:
             transform = transform.with_resource_hints(**self._hints)
         return transform.with_exception_handling()
 
     def expand(self, windows):
-        stage = self._stage
+        backend = self._backend
 
         def routed(tagged):
-            return Routed(stage.route(tagged.chat), tagged)
+            return Routed(backend.route(tagged.chat), tagged)
 
         routed_windows = windows | "Reshuffle" >> beam.Reshuffle() | "Route" >> beam.Map(routed)
-        if stage.prebatched:
-            routed_windows = routed_windows | "Batch" >> BatchChats(stage.max_batch_size,
-                                                                     stage.max_batch_duration_secs)
+        if backend.prebatched:
+            routed_windows = routed_windows | "Batch" >> BatchChats(backend.max_batch_size,
+                                                                     backend.max_batch_duration_secs)
         results, failures = routed_windows | "Analyze" >> self._run_inference()
         built = (results | "Unpack" >> beam.Map(analysed)
                  | "BuildInsight" >> beam.ParDo(BuildInsightFn()).with_outputs(DEAD_LETTER, main="insights"))
@@ -96,6 +98,6 @@ class AnalyzeChats(beam.PTransform):
             raise ValueError(f"mode must be windows or messages, not {config.mode!r}")
         fresh = windows | "Deduplicate" >> DeduplicateWindows(config.dedup_ttl_secs)
         analysed_windows = fresh.windows | "AnalyzeWindows" >> AnalyzeWindows(
-            config.model_stage_settings(), config.model_tag, config.model_resource_hints())
+            config.model_backend(), config.model_tag, config.model_resource_hints())
         dead = [*invalid, analysed_windows[DEAD_LETTER]] | "DeadLetters" >> beam.Flatten()
         return {"insights": analysed_windows["insights"], DEAD_LETTER: dead, SETTLED: fresh[SETTLED]}

@@ -1,12 +1,11 @@
-"""What the pipeline's model stages run, built from the options: one place that knows every kind.
+"""The chosen model backend, resolved from the options, as the keyed handler RunInference gets.
 
-- `gemma` (default): GemmaModelHandler, Gemma on the worker. With per-tenant models
-  (`--tenant-models quickbite=/models/a,telnova=/models/b`) a Beam `KeyedModelHandler`
-  over `KeyModelMapping`s routes each chat by its tenant; other tenants use `--model`;
-  `--max-models-per-worker` caps how many stay loaded (Beam's
-  `max_models_per_worker_hint`, least recently used ones are released).
-- `remote`: OpenAIChatModelHandler, an OpenAI-compatible endpoint (`--remote-url`).
-- `noop`: the benchmarking baseline of bench/e2e.py.
+`ModelBackend` holds the model options of one run; `handler()` asks the chosen backend
+(see the registry in `__init__.py`) for its unkeyed handler and keys it by route. With
+per-tenant models (`--tenant-models quickbite=/models/a,telnova=/models/b`, gemma only)
+a Beam `KeyedModelHandler` over `KeyModelMapping`s routes each chat by its tenant; other
+tenants use `--model`; `--max-models-per-worker` caps how many stay loaded (Beam's
+`max_models_per_worker_hint`, least recently used ones are released).
 
 RunInference examples are keyed by route (the tenant, or `DEFAULT_ROUTE`), and carry the
 pipeline's message origin along: `Routed(route, TaggedWindow(origin, chat))`
@@ -16,14 +15,16 @@ pipeline's message origin along: `Routed(route, TaggedWindow(origin, chat))`
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
 from apache_beam.ml.inference.base import KeyedModelHandler, KeyModelMapping
 
 from chatlens.contracts import ChatWindow
-from pipeline.options import MODEL_STAGES
+from pipeline.model.backends import BACKENDS, DEFAULT_BACKEND, Backend, backend, default
+from pipeline.model.backends.base import DEFAULT_MODEL
+from pipeline.model.tasks import Task
 
 DEFAULT_ROUTE = "*"
 """The route of every chat whose tenant has no model of its own."""
@@ -44,41 +45,47 @@ def parse_tenant_models(text: str | None) -> tuple[tuple[str, str], ...]:
     return tuple(pairs)
 
 
-@dataclass(frozen=True)
-class ModelStage:
-    """The resolved settings of the model stages (see PipelineConfig.model_stage_settings)."""
+def _able(capability: str) -> str:
+    return " or ".join(f"--model-stage {name}" for name, b in BACKENDS.items() if getattr(b, capability))
 
-    kind: str = "gemma"
-    model: str = "gemma3-270m"
+
+@dataclass(frozen=True)
+class ModelBackend:
+    """The resolved model options of one run (see PipelineConfig.model_backend)."""
+
+    kind: str = DEFAULT_BACKEND
+    model: str = DEFAULT_MODEL
     adapter: str | None = None
-    reply_for: str = "negative"
+    reply_for: str = default("reply_for")
     cache_dir: str | None = None
     prompt_variant: str | None = None
-    min_batch_size: int = 1
-    max_batch_size: int = 8
+    min_batch_size: int = default("min_batch_size")
+    max_batch_size: int = default("max_batch_size")
     max_batch_duration_secs: int | None = None
     large_model: bool = True
     model_copies: int | None = None
     tenant_models: tuple[tuple[str, str], ...] = ()
     max_models_per_worker: int | None = None
     watch_pattern: str | None = None
-    watch_interval_secs: int = 60
+    watch_interval_secs: int = default("model_watch_interval_secs")
     watch_in_handler: bool = False  # local runners: the handler watches (pipeline/model/watch.py)
-    remote_url: str | None = None
-    remote_model: str | None = None
+    options: dict[str, Any] = field(default_factory=dict, hash=False)
+    """The chosen backend's own options by dest, e.g. {"remote_url": ..., "remote_model": ...}."""
 
     def __post_init__(self):
-        if self.kind not in MODEL_STAGES:
-            raise ValueError(f"model stage must be one of {', '.join(MODEL_STAGES)}, not {self.kind!r}")
-        if self.kind == "remote" and not (self.remote_url and self.remote_model):
-            raise ValueError("--model-stage remote needs --remote-url and --remote-model")
-        if self.tenant_models and self.kind != "gemma":
-            raise ValueError("--tenant-models needs --model-stage gemma")
+        chosen = self.backend
+        chosen.check(self)
+        if self.tenant_models and not chosen.tenant_models:
+            raise ValueError(f"--tenant-models needs {_able('tenant_models')}")
         if self.tenant_models and self.watch_pattern:
             raise ValueError("--model-watch and --tenant-models cannot be combined (Beam updates one model "
                              "per RunInference from a file pattern)")
-        if self.watch_pattern and self.kind != "gemma":
-            raise ValueError("--model-watch needs --model-stage gemma")
+        if self.watch_pattern and not chosen.model_watch:
+            raise ValueError(f"--model-watch needs {_able('model_watch')}")
+
+    @property
+    def backend(self) -> Backend:
+        return backend(self.kind)
 
     @cached_property
     def _routed_tenants(self) -> frozenset[str]:
@@ -94,15 +101,16 @@ class ModelStage:
             return {"watch_model_pattern": self.watch_pattern, "interval": self.watch_interval_secs}
         return {}
 
-    def handler(self):
+    def handler(self, task: Task = Task.ANALYZE):
         """The keyed model handler of the model stage."""
         if not self.tenant_models:
-            return StageModelHandler(self._unkeyed(self.model, self.adapter), self.prebatched)
+            return BackendModelHandler(self._unkeyed(self.model, self.adapter, task), self.prebatched)
         tenants_by_model: dict[str, list[str]] = defaultdict(list)
         for tenant, spec in self.tenant_models:
             tenants_by_model[spec].append(tenant)
-        mappings = [KeyModelMapping([DEFAULT_ROUTE], self._unkeyed(self.model, self.adapter))]
-        mappings += [KeyModelMapping(tenants, self._unkeyed(spec)) for spec, tenants in tenants_by_model.items()]
+        mappings = [KeyModelMapping([DEFAULT_ROUTE], self._unkeyed(self.model, self.adapter, task))]
+        mappings += [KeyModelMapping(tenants, self._unkeyed(spec, None, task))
+                     for spec, tenants in tenants_by_model.items()]
         return TenantModelHandler(mappings, self.max_models_per_worker, self.prebatched)
 
     @property
@@ -113,28 +121,21 @@ class ModelStage:
         whose coder is not deterministic."""
         return bool(self.max_batch_duration_secs)
 
-    def _batching(self) -> dict[str, Any]:
+    def batching(self) -> dict[str, Any]:
+        """The batch sizes every backend's handler takes."""
         return {"min_batch_size": self.min_batch_size, "max_batch_size": self.max_batch_size}
 
-    def _unkeyed(self, model: str, adapter: str | None = None):
-        if self.kind == "remote":
-            from pipeline.model.remote import OpenAIChatModelHandler
+    def engine_kwargs(self, model: str, adapter: str | None = None) -> dict[str, Any]:
+        """GemmaModelHandler's arguments (the gemma and noop backends)."""
+        return {"model": model, "adapter": adapter, "reply_for": self.reply_for, "cache_dir": self.cache_dir,
+                "prompt_variant": self.prompt_variant, "large_model": self.large_model,
+                "model_copies": self.model_copies, **self.batching()}
 
-            return OpenAIChatModelHandler(self.remote_url, self.remote_model, reply_for=self.reply_for,
-                                          **self._batching())
-        from pipeline.model.handler import GemmaModelHandler
-        from pipeline.model.noop import NoopModelHandler
-
-        kwargs = {"model": model, "adapter": adapter, "reply_for": self.reply_for, "cache_dir": self.cache_dir, "prompt_variant": self.prompt_variant,
-                  "large_model": self.large_model, "model_copies": self.model_copies, **self._batching()}
-        if self.kind == "noop":
-            return NoopModelHandler(**kwargs)
-        if self.watch_pattern and self.watch_in_handler:
-            kwargs.update(watch_pattern=self.watch_pattern, watch_interval_secs=self.watch_interval_secs)
-        return GemmaModelHandler(**kwargs)
+    def _unkeyed(self, model: str, adapter: str | None, task: Task):
+        return self.backend.handler(self, model, adapter, task)
 
 
-class StageModelHandler(KeyedModelHandler):
+class BackendModelHandler(KeyedModelHandler):
     """Beam's KeyedModelHandler, which takes the batches made upstream where the stage batches
     by deadline (`prebatched`: streaming, see `pipeline.transforms.batching.BatchChats`)."""
 
@@ -146,7 +147,7 @@ class StageModelHandler(KeyedModelHandler):
         return self._prebatched
 
 
-class TenantModelHandler(StageModelHandler):
+class TenantModelHandler(BackendModelHandler):
     """The stage's handler over KeyModelMappings (one model per group of tenants), keeping
     the batching of the first mapping's handler, which Beam's multi-model KeyedModelHandler
     would otherwise drop (the handlers of one stage all batch alike)."""

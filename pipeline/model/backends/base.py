@@ -1,0 +1,90 @@
+"""What every model backend shares: the option row type, the rows all backends read, and `Backend`.
+
+Light on purpose (no Beam, no JAX): `pipeline.options` collects the backends' rows at
+import time, and `chatlens --help` must stay fast.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from chatlens.config import Settings
+from pipeline.model.analysis import REPLY_FOR
+from pipeline.model.tasks import Task
+
+DEFAULT_BACKEND = "gemma"
+"""What `--model-stage` runs unless told otherwise."""
+DEFAULT_MODEL: str = Settings.model_fields["model"].default
+"""The model spec when neither --model nor CHATLENS_MODEL says one (the Settings default)."""
+
+
+@dataclass(frozen=True)
+class Option:
+    """One row of the options table: an argparse argument and a Beam pipeline option."""
+
+    flag: str
+    help: str
+    default: Any = None
+    type: Any = str
+    choices: tuple[str, ...] | None = None
+    metavar: str | None = None
+
+    @property
+    def dest(self) -> str:
+        return self.flag.lstrip("-").replace("-", "_")
+
+
+SHARED_OPTIONS: tuple[Option, ...] = (
+    Option("--model", "model spec: 'gemma3-270m' (the embedded Gemma 3 270M tuned by ChatLens), "
+           "'gemma3-270m-base' (untuned), a keras-hub preset directory or handle "
+           f"(default: CHATLENS_MODEL, else {DEFAULT_MODEL})"),
+    Option("--adapter", "a LoRA adapter (.lora.h5, from `chatlens tune`) tuned for --model, merged into it "
+           "once at load (default: none; gemma3-270m already carries ChatLens's own)", metavar="FILE"),
+    Option("--model-cache", "where converted models are cached (default: CHATLENS_CACHE)", metavar="DIR"),
+    Option("--prompt-variant", "prompt set: 'completion' or 'chat' (default: follows the model kind)"),
+    Option("--min-batch-size", "smallest model batch (default 1)", 1, int),
+    Option("--max-batch-size", "largest model batch (default 8)", 8, int),
+    Option("--max-batch-duration-secs", "longest a batch waits to fill up; 0 batches within a bundle only "
+           "(default 1)", 1, int),
+    Option("--model-copies", "copies of the model per machine, e.g. one per GPU (default 1)", 1, int),
+    Option("--reply-for", "which chats get a reply draft (default negative)", "negative", choices=REPLY_FOR),
+)
+"""The model rows every backend reads (model, batching, reply policy)."""
+
+
+def default_of(rows: tuple[Option, ...], dest: str) -> Any:
+    """The default of the row `dest` in `rows` (KeyError if there is none)."""
+    return next(row.default for row in rows if row.dest == dest)
+
+
+class Backend:
+    """One kind of model backend (`--model-stage NAME`): its own options and its handler.
+
+    Subclasses set `name`, `help` (one clause for --model-stage's help), `options` (the
+    rows only this backend reads), `tasks` (what its handler can do) and say whether the
+    generic model stage may route tenants to models of their own (`tenant_models`) or
+    watch for new presets (`model_watch`) with it.
+    """
+
+    name: ClassVar[str]
+    help: ClassVar[str]
+    options: ClassVar[tuple[Option, ...]] = ()
+    tasks: ClassVar[tuple[Task, ...]] = (Task.ANALYZE,)
+    tenant_models: ClassVar[bool] = False
+    model_watch: ClassVar[bool] = False
+
+    def check(self, settings) -> None:
+        """Raise ValueError when `settings` (a ModelBackend) lack what this backend needs."""
+
+    def handler(self, settings, model: str, adapter: str | None = None, task: Task = Task.ANALYZE):
+        """The unkeyed Beam ModelHandler running `task` with `model` (+ `adapter`)."""
+        raise NotImplementedError
+
+    def _task(self, task: Task | str) -> Task:
+        if task not in self.tasks:
+            raise ValueError(f"model backend {self.name!r} runs {', '.join(self.tasks)}, not {task!r}")
+        return Task(task)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"

@@ -1,0 +1,48 @@
+"""`--model-stage gemma` (the default): GemmaModelHandler, Gemma on the worker.
+
+The only backend with per-tenant models (`--tenant-models quickbite=/models/a,...`, routed
+by Beam's KeyedModelHandler over KeyModelMappings, see keyed.py) and with the preset
+watch (`--model-watch`): both load Gemma presets.
+"""
+
+from __future__ import annotations
+
+from pipeline.model.backends.base import Backend, Option
+from pipeline.model.tasks import Task
+
+WATCH_INTERVAL_SECS = 60
+
+OPTIONS: tuple[Option, ...] = (
+    Option("--tenant-models", "per-tenant models: 'TENANT=MODEL[,TENANT=MODEL...]' (a chat's tenant field "
+           "picks its model, through Beam's KeyedModelHandler with KeyModelMappings; other tenants use --model)",
+           metavar="MAP"),
+    Option("--max-models-per-worker", "with --tenant-models: most models kept loaded per worker, least "
+           "recently used ones are released (Beam's max_models_per_worker_hint; default: no limit)", type=int,
+           metavar="N"),
+    Option("--model-watch", "switch models without restarting: a file pattern matching a file inside each "
+           "new preset directory, e.g. 'gs://bucket/presets/*/config.json'; the newest match added after the "
+           "start wins (RunInference's watch_model_pattern; local runners watch in the handler)",
+           metavar="PATTERN"),
+    Option("--model-watch-interval-secs", f"how often --model-watch looks for new presets (default "
+           f"{WATCH_INTERVAL_SECS})", WATCH_INTERVAL_SECS, int),
+)
+
+
+class GemmaBackend(Backend):
+    name = "gemma"
+    help = "Gemma on the worker"
+    options = OPTIONS
+    tasks = (Task.ANALYZE, Task.SENTIMENT)
+    tenant_models = True
+    model_watch = True
+
+    def handler(self, settings, model, adapter=None, task=Task.ANALYZE):
+        from pipeline.model.handler import GemmaModelHandler
+
+        kwargs = settings.engine_kwargs(model, adapter)
+        if settings.watch_pattern and settings.watch_in_handler:
+            kwargs.update(watch_pattern=settings.watch_pattern, watch_interval_secs=settings.watch_interval_secs)
+        return GemmaModelHandler(task=self._task(task), **kwargs)
+
+
+BACKEND = GemmaBackend()

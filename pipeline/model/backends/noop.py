@@ -1,0 +1,26 @@
+"""`--model-stage noop`: the benchmarking baseline of bench/e2e.py (pipeline/model/noop.py).
+
+GemmaModelHandler's batching and model sharing around a model call that does nothing, so
+the pipeline's own overhead can be measured. Never for real traffic.
+"""
+
+from __future__ import annotations
+
+from pipeline.model.backends.base import Backend
+from pipeline.model.tasks import Task
+
+
+class NoopBackend(Backend):
+    name = "noop"
+    help = ("a benchmarking baseline for bench/e2e.py that keeps the RunInference stages but answers every "
+            "window at once with a fixed neutral analysis (model_id noop-baseline), to measure the pipeline's "
+            "own overhead; never for real traffic")
+    tasks = (Task.ANALYZE, Task.SENTIMENT)
+
+    def handler(self, settings, model, adapter=None, task=Task.ANALYZE):
+        from pipeline.model.noop import NoopModelHandler
+
+        return NoopModelHandler(task=self._task(task), **settings.engine_kwargs(model, adapter))
+
+
+BACKEND = NoopBackend()
