@@ -61,6 +61,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.args import apply_quick, comma_choices  # noqa: E402 - after the path is set
+
 TRAIN = ROOT / "data" / "train.jsonl"
 USERNAME, PASSWORD = "bench", "bench password, long enough"
 DATABASES = ("sqlite", "postgresql")
@@ -849,14 +851,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true",
                         help="a smoke run: " + ", ".join(f"{k.replace('_', '-')} {v:g}" for k, v in QUICK.items()))
     args = parser.parse_args(argv)
-    if args.quick:
-        given = {a.split("=")[0].lstrip("-").replace("-", "_") for a in (argv or sys.argv[1:]) if a.startswith("--")}
-        for key, value in QUICK.items():
-            if key not in given:
-                setattr(args, key, value)
-    args.databases = [d.strip() for d in args.databases.split(",") if d.strip()]
-    if not args.databases or any(d not in DATABASES for d in args.databases):
-        parser.error(f"--databases: choose from {', '.join(DATABASES)}")
+    apply_quick(args, argv, QUICK)
+    args.databases = comma_choices(parser, "--databases", args.databases, DATABASES)
     if min(args.insights, args.sse_clients, args.sse_insights, args.requests, args.concurrency) < 1 or args.sse_rate <= 0:
         parser.error("counts and rates must be positive")
     return args

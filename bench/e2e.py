@@ -57,6 +57,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.args import apply_quick, comma_choices  # noqa: E402 - after the path is set
+
 PROJECT = "chatlens-bench"
 SAMPLE_EVERY = 0.25  # seconds between backlog samples
 PHASE_KEYS = ("rate_per_s", "duration_s", "published", "throughput_per_s", "p50_s", "p95_s", "backlog_mid",
@@ -641,14 +643,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              f"{','.join(map(str, QUICK['rates']))}/s, noop at "
                              f"{','.join(map(str, QUICK['noop_rates']))}/s, {QUICK['step_duration']:g} s each")
     args = parser.parse_args(argv)
-    if args.quick:
-        given = {a.split("=")[0].lstrip("-").replace("-", "_") for a in (argv or sys.argv[1:]) if a.startswith("--")}
-        for key, value in QUICK.items():
-            if key not in given:
-                setattr(args, key, value)
-    args.stages = [s.strip() for s in args.stages.split(",") if s.strip()]
-    if not args.stages or any(s not in STAGES for s in args.stages):
-        parser.error(f"--stages: choose from {', '.join(STAGES)}")
+    apply_quick(args, argv, QUICK)
+    args.stages = comma_choices(parser, "--stages", args.stages, STAGES)
     if args.rate <= 0 or args.duration <= 0 or args.step_duration <= 0:
         parser.error("--rate, --duration and --step-duration must be positive")
     return args
