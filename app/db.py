@@ -12,7 +12,7 @@ import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from sqlalchemy import Engine, create_engine, event, text
+from sqlalchemy import Engine, create_engine, event, inspect, text
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.schema import CreateIndex
@@ -23,6 +23,7 @@ log = logging.getLogger(__name__)
 
 WRITE_OPTION = "chatlens_write"
 SQLITE_BUSY_SECONDS = 30
+MIGRATION_LOCK = 0x636C6D67  # PostgreSQL advisory lock held while the schema is migrated
 
 
 def _sqlite_engine(url: str) -> Engine:
@@ -52,7 +53,7 @@ def make_engine(url: str) -> Engine:
 
 
 class Database:
-    """One engine, a read-session and a write-session factory, and the schema setup."""
+    """One engine, a read-session and a write-session factory, and the schema migrations."""
 
     def __init__(self, url: str, search_backend: str = "auto") -> None:
         self.url = url
@@ -65,16 +66,37 @@ class Database:
         self.search_backend = search_backend
         self.fts = False
 
-    def create_all(self) -> None:
-        """Create missing tables and indexes (and the FTS5 index when wanted and available)."""
-        Base.metadata.create_all(self.engine)
-        with self.engine.begin() as conn:  # indexes added since an existing database was made
-            for table in Base.metadata.sorted_tables:
-                for index in table.indexes:
-                    conn.execute(CreateIndex(index, if_not_exists=True))
+    def upgrade(self) -> None:
+        """Migrate the schema to the newest revision (and set up FTS5 when wanted and available)."""
+        self._migrate()
         self.fts = self._setup_fts() if self.search_backend in ("auto", "fts5") else False
         if self.search_backend == "fts5" and not self.fts:
             raise RuntimeError("search_backend is 'fts5' but this database has no FTS5")
+
+    def _migrate(self) -> None:
+        """Run Alembic in one locked transaction, so that processes starting together take turns.
+
+        A database made before migrations (tables, no alembic_version) is first brought to the
+        schema that release made, as it did (missing tables and indexes added), then stamped
+        at the baseline revision it matches, then upgraded like any other.
+        """
+        from alembic import command
+
+        from app.migrations import BASELINE, alembic_config
+
+        with self.engine.execution_options(**{WRITE_OPTION: True}).begin() as conn:  # SQLite: BEGIN IMMEDIATE
+            if conn.dialect.name == "postgresql":
+                conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK})
+            tables = set(inspect(conn).get_table_names())
+            config = alembic_config(connection=conn)
+            if "alembic_version" not in tables and tables & set(Base.metadata.tables):
+                log.info("database made before migrations: stamping it at %s", BASELINE)
+                Base.metadata.create_all(conn)
+                for table in Base.metadata.sorted_tables:
+                    for index in table.indexes:
+                        conn.execute(CreateIndex(index, if_not_exists=True))
+                command.stamp(config, BASELINE)
+            command.upgrade(config, "head")
 
     def _setup_fts(self) -> bool:
         if not self.is_sqlite:

@@ -63,7 +63,7 @@ def build_subscribers(ctx: AppContext) -> list[StreamSubscriber]:
 async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     ctx: AppContext = app.state.ctx
     s = ctx.settings
-    await asyncio.to_thread(ctx.db.create_all)
+    await asyncio.to_thread(ctx.db.upgrade)
     ctx.secret = (s.session_secret.get_secret_value() if s.session_secret
                   else await asyncio.to_thread(secrets.get_or_create, ctx.db, "session_secret"))
     ctx.hub = EventHub(ctx.db, s.event_poll_seconds, s.event_retention, ctx.feed_status)

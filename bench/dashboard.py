@@ -217,7 +217,7 @@ def check_bulk_matches_ingest(insights: Insights, workdir: Path) -> None:
     stores = []
     for name in ("ingest", "bulk"):
         db = Database(f"sqlite:///{workdir / f'check-{name}.db'}")
-        db.create_all()
+        db.upgrade()
         if name == "ingest":
             for insight in sample:
                 ingest_insight(db, insight.model_dump_json().encode(), message_id=insight.chat_id, received_at=now)
@@ -388,7 +388,7 @@ class Run:
         args = self.args
         db = Database(self.url)
         try:
-            db.create_all()
+            db.upgrade()
             existing = args.insights + args.sse_insights
             to_fill = max(0, args.chats - existing)
             say(f"[{self.kind}] filling {to_fill} chats ({existing} more come through Pub/Sub)")

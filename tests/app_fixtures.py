@@ -109,7 +109,7 @@ def add_user(database_url: str, username: str, role: str = "agent", password: st
 
     db = Database(database_url)
     try:
-        db.create_all()
+        db.upgrade()
         users.create_user(db, username, password, role)
     finally:
         db.dispose()
@@ -122,7 +122,7 @@ def store(database_url: str, *insights: ChatInsight) -> None:
 
     db = Database(database_url)
     try:
-        db.create_all()
+        db.upgrade()
         for insight in insights:
             ingest_insight(db, insight_bytes(insight))
     finally:
@@ -242,13 +242,15 @@ def database_url_for(kind: str, tmp_path: Path) -> str:
     url = os.environ.get("CHATLENS_TEST_DATABASE_URL")
     if not url:
         pytest.fail("PostgreSQL variant: no server: " + os.environ.get("CHATLENS_TEST_POSTGRES_ERROR", "none started"))
-    from sqlalchemy import create_engine
+    from sqlalchemy import create_engine, text
 
     from app.models import Base
 
     engine = create_engine(url)
     try:
         Base.metadata.drop_all(engine)
+        with engine.begin() as conn:  # or the next upgrade would take the empty database for migrated
+            conn.execute(text("DROP TABLE IF EXISTS alembic_version"))
     finally:
         engine.dispose()
     return url
@@ -266,7 +268,7 @@ def _create_staff(database_url: str) -> dict[str, tuple[str, str]]:
 
     db = Database(database_url)
     try:
-        db.create_all()
+        db.upgrade()
         tokens = {}
         for username, role in STAFF.items():
             user = users.create_user(db, username, PASSWORD, role)

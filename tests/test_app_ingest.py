@@ -22,7 +22,7 @@ from cli.main import main as chatlens
 @pytest.fixture(params=["fts5", "like"])
 def db(request, tmp_path):
     database = Database(sqlite_url(tmp_path), search_backend=request.param)
-    database.create_all()
+    database.upgrade()
     assert database.fts == (request.param == "fts5")
     yield database
     database.dispose()

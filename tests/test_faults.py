@@ -348,7 +348,7 @@ def test_a_dead_letter_published_again_for_a_redelivered_input_is_one_row(tmp_pa
 
     db = Database(f"sqlite:///{tmp_path / 'dashboard.db'}")
     try:
-        db.create_all()
+        db.upgrade()
         store = lambda data, attributes, message_id: ingest_dead_letter(  # noqa: E731
             db, data, message_id=message_id, attributes=attributes)
         assert store(*letter("7", t0), "101") == Outcome.stored

@@ -36,7 +36,7 @@ def letter(payload: bytes, stage: str, **attributes: str) -> bytes:
 def test_replay_sends_fixable_dead_letters_back_once(emulator, tmp_path, capsys):
     url = f"sqlite:///{tmp_path / 'dashboard.db'}"
     db = Database(url, search_backend="like")
-    db.create_all()
+    db.upgrade()
     window, malformed = e2e_windows()[0], e2e_malformed()[0]
     message = message_json("m-1", 1, "hello?", datetime(2026, 11, 20, 9, 0, tzinfo=timezone.utc))
     for data, stage in ((window, "inference"), (message, "reply"), (malformed, "validate"),

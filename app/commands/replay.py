@@ -80,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
     publisher = None
     sent = skipped = 0
     try:
-        db.create_all()
+        db.upgrade()
         with db.writing() as session:
             planned = plan(session, stages, args.since_id, args.limit, args.again)
             for row, topic, what in planned:

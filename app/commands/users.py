@@ -45,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
     url = args.database_url or DashboardSettings().database_url
     db = Database(url, search_backend="like")
     try:
-        db.create_all()
+        db.upgrade()
         if args.action == "add":
             user = users.create_user(db, args.username, _password(args.password_stdin), args.role)
             print(f"added {user.username} ({user.role})")
