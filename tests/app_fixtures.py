@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -305,3 +306,32 @@ def sign_in(client, tokens: dict[str, tuple[str, str]], username: str):
     client.cookies.set("chatlens_session", token)
     client.headers["X-CSRF-Token"] = csrf
     return client
+
+
+@contextmanager
+def dashboard_process(command: list[str], port: int, *, cwd: Path, env: dict[str, str], ready_path: str = "/readyz",
+                      timeout: float = 30.0) -> Iterator[tuple[subprocess.Popen, list[str]]]:
+    """A `chatlens dashboard` child, yielded once `ready_path` answers 200 with its output so far
+    (it keeps filling); killed at exit if the test did not stop it. A child that exits while
+    starting fails the wait with its output."""
+    import httpx
+
+    process = subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    output: list[str] = []
+    reader = threading.Thread(target=lambda: output.extend(process.stdout), daemon=True)
+    reader.start()
+
+    def ready() -> bool:
+        assert process.poll() is None, f"the dashboard exited with {process.returncode}: {''.join(output)[-4000:]}"
+        try:
+            return httpx.get(f"http://127.0.0.1:{port}{ready_path}", timeout=1).status_code == 200
+        except httpx.TransportError:
+            return False
+
+    try:
+        wait_until(ready, timeout, 0.2, f"the dashboard to answer {ready_path}")
+        yield process, output
+    finally:
+        if process.poll() is None:
+            process.kill()
+        reader.join(5)

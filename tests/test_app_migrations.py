@@ -5,12 +5,10 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import sys
 import threading
 from datetime import timedelta
 
-import httpx
 import pytest
 from alembic import command
 from alembic.autogenerate import compare_metadata
@@ -21,12 +19,12 @@ from app_fixtures import (
     PASSWORD,
     T0,
     TEST_SECRET,
+    dashboard_process,
     database_url_for,
     free_port,
     insight_bytes,
     make_insight,
     sqlite_url,
-    wait_until,
 )
 from sqlalchemy import inspect, select
 
@@ -180,26 +178,11 @@ def test_chatlens_dashboard_upgrades_a_premigration_database_on_start(tmp_path):
     url, port = sqlite_url(tmp_path), free_port()
     make_premigration_database(url)
     before = snapshot(url)
-    process = subprocess.Popen(
-        [sys.executable, "-m", "cli", "-v", "dashboard", "--no-subscribe", "--port", str(port), "--database-url", url],
-        cwd=tmp_path, env=dict(os.environ), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    output: list[str] = []
-    reader = threading.Thread(target=lambda: output.extend(process.stdout), daemon=True)
-    reader.start()
-    try:
-        def ready() -> bool:
-            try:
-                return httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200
-            except httpx.TransportError:
-                return False
-
-        wait_until(ready, 30, 0.2, "the dashboard to start")  # it serves once the upgrade is done
+    command = [sys.executable, "-m", "cli", "-v", "dashboard", "--no-subscribe", "--port", str(port), "--database-url", url]
+    # it serves /healthz once the upgrade is done
+    with dashboard_process(command, port, cwd=tmp_path, env=dict(os.environ), ready_path="/healthz") as (process, output):
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=20) == 0
-    finally:
-        if process.poll() is None:
-            process.kill()
-        reader.join(5)
     text = "".join(output)
     assert "Traceback" not in text, text
     assert f"stamping it at {BASELINE}" in text, text

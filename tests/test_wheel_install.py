@@ -20,14 +20,13 @@ import signal
 import site
 import subprocess
 import sys
-import threading
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import pytest
-from app_fixtures import PASSWORD, free_port, sqlite_url, wait_until
+from app_fixtures import PASSWORD, dashboard_process, free_port, sqlite_url
 from model_fixtures import model_cache, tiny_gemma_lm  # noqa: F401 - fixture (the tiny preset's tokenizer)
 
 from chatlens.config import DEFAULT_PROJECT
@@ -200,22 +199,8 @@ def test_dashboard_runs_from_the_installed_wheel(installed, pubsub_server):
                          input=f"{PASSWORD}\n", text=True, capture_output=True, cwd=installed.work, env=env)
     assert add.returncode == 0, add.stderr[-4000:]
     command = [installed.bin("chatlens"), "-v", "dashboard", "--port", str(port), "--database-url", url]
-    process = subprocess.Popen(command, cwd=installed.work, env=env, stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, text=True)
-    output: list[str] = []
-    reader = threading.Thread(target=lambda: output.extend(process.stdout), daemon=True)
-    reader.start()
-    base = f"http://127.0.0.1:{port}"
-    try:
-        def ready() -> bool:
-            assert process.poll() is None, f"the dashboard exited with {process.returncode}: {''.join(output)[-4000:]}"
-            try:
-                return httpx.get(f"{base}/readyz", timeout=1).status_code == 200
-            except httpx.TransportError:
-                return False
-
-        wait_until(ready, 60, 0.2, "the dashboard to be ready")
-        with httpx.Client(base_url=base, timeout=10) as client:
+    with dashboard_process(command, port, cwd=installed.work, env=env, timeout=60) as (process, output):
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10) as client:
             assert client.get("/healthz").status_code == 200
             login = client.get("/login")
             assert login.status_code == 200 and 'name="password"' in login.text  # login.html, from site-packages
@@ -229,10 +214,6 @@ def test_dashboard_runs_from_the_installed_wheel(installed, pubsub_server):
             assert client.get("/partials/queue").status_code == 200
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=20) == 0
-    finally:
-        if process.poll() is None:
-            process.kill()
-        reader.join(5)
     text = "".join(output)
     assert "Traceback" not in text, text
     assert "dashboard ready" in text and "dashboard stopped" in text, text
