@@ -9,6 +9,8 @@ while read sessions stay deferred and never block anyone (WAL journal).
 from __future__ import annotations
 
 import logging
+import sqlite3
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -26,6 +28,23 @@ SQLITE_BUSY_SECONDS = 30
 MIGRATION_LOCK = 0x636C6D67  # PostgreSQL advisory lock held while the schema is migrated
 
 
+def _switch_to_wal(cursor) -> None:
+    """Turn on the WAL journal, waiting out other processes that open a new database at once.
+
+    The switch needs the database to itself and SQLite reports "database is locked" at once,
+    without its busy timeout, when another connection is switching or writing then.
+    """
+    deadline = time.monotonic() + SQLITE_BUSY_SECONDS
+    while True:
+        try:
+            cursor.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as error:
+            if "locked" not in str(error) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
 def _sqlite_engine(url: str) -> Engine:
     engine = create_engine(url, connect_args={"timeout": SQLITE_BUSY_SECONDS, "check_same_thread": False})
 
@@ -33,7 +52,7 @@ def _sqlite_engine(url: str) -> Engine:
     def _on_connect(dbapi_connection, _record) -> None:  # pragma: no cover - trivial
         dbapi_connection.isolation_level = None  # we send BEGIN ourselves, below
         cursor = dbapi_connection.cursor()
-        cursor.execute("PRAGMA journal_mode=WAL")
+        _switch_to_wal(cursor)
         cursor.execute("PRAGMA foreign_keys=ON")
         cursor.execute("PRAGMA synchronous=NORMAL")
         cursor.close()
@@ -84,7 +103,7 @@ class Database:
 
         from app.migrations import BASELINE, alembic_config
 
-        with self.engine.execution_options(**{WRITE_OPTION: True}).begin() as conn:  # SQLite: BEGIN IMMEDIATE
+        with self.writing_connection() as conn:
             if conn.dialect.name == "postgresql":
                 conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK})
             tables = set(inspect(conn).get_table_names())
@@ -102,7 +121,9 @@ class Database:
         if not self.is_sqlite:
             return False
         try:
-            with self.engine.begin() as conn:
+            # It reads, then writes: deferred, a process starting beside it would get
+            # "database is locked" at once (a stale WAL snapshot cannot wait its turn).
+            with self.writing_connection() as conn:
                 conn.exec_driver_sql(
                     "CREATE VIRTUAL TABLE IF NOT EXISTS chat_fts USING fts5("
                     "chat_id UNINDEXED, body, tokenize='unicode61 remove_diacritics 2')"
@@ -123,6 +144,10 @@ class Database:
         except OperationalError as error:  # SQLite built without FTS5
             log.warning("no FTS5 (%s): search falls back to LIKE", error)
             return False
+
+    def writing_connection(self):
+        """A connection in a transaction that holds the write lock from its start (SQLite)."""
+        return self.engine.execution_options(**{WRITE_OPTION: True}).begin()
 
     def read(self) -> Session:
         return self._reader()

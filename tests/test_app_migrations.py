@@ -161,7 +161,7 @@ def test_processes_starting_together_migrate_one_at_a_time(database_url):
         finally:
             db.dispose()
 
-    threads = [threading.Thread(target=start) for _ in range(3)]
+    threads = [threading.Thread(target=start) for _ in range(8)]
     for thread in threads:
         thread.start()
     for thread in threads:
