@@ -58,12 +58,15 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.args import apply_quick, comma_choices  # noqa: E402 - after the path is set
+from pipeline.model.backends import BACKENDS  # noqa: E402 - light: no Beam, no JAX
 
 PROJECT = "chatlens-bench"
 SAMPLE_EVERY = 0.25  # seconds between backlog samples
 PHASE_KEYS = ("rate_per_s", "duration_s", "published", "throughput_per_s", "p50_s", "p95_s", "backlog_mid",
               "backlog_end", "backlog_growth", "drain_s", "censored", "sustained")  # per phase, in the JSON
-STAGES = ("gemma", "noop")
+STAGES = tuple(BACKENDS)
+"""--stages: every model backend `chatlens pipeline --model-stage` takes, from the registry, so a new
+backend can be benchmarked as it lands (its own options go in --pipeline-args)."""
 
 
 # ---- figures -------------------------------------------------------------------------------
@@ -603,11 +606,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rate", type=float, default=0.1,
-                        help="main phase: chats published per second, both stages (default %(default)s)")
+                        help="main phase: chats published per second, every stage (default %(default)s)")
     parser.add_argument("--duration", type=float, default=80.0,
                         help="main phase: seconds of publishing (default %(default)s)")
     parser.add_argument("--rates", type=rates_list, default=[0.2, 0.3, 0.45, 0.7],
-                        help="gemma: rates (chats/s) for the sustained-rate search (default 0.2,0.3,0.45,0.7)")
+                        help="every stage but noop (gemma): rates (chats/s) for the sustained-rate search "
+                             "(default 0.2,0.3,0.45,0.7)")
     parser.add_argument("--noop-rates", type=rates_list, default=[1.0, 2.0, 4.0, 8.0, 16.0],
                         help="noop: rates for its sustained-rate search (default 1,2,4,8,16)")
     parser.add_argument("--step-duration", type=float, default=40.0,
@@ -616,7 +620,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="seconds: a sustained rate ends its phase with at most rate x this many chats "
                              "unanswered (default %(default)s)")
     parser.add_argument("--stages", default="gemma,noop",
-                        help="which model stages to run, in order: gemma, noop or both (default %(default)s)")
+                        help=f"which model stages (--model-stage) to run, in order, from {', '.join(STAGES)}; "
+                             "a stage's own options go in --pipeline-args (default %(default)s)")
     parser.add_argument("--no-search", action="store_true", help="main phase only, no sustained-rate search")
     parser.add_argument("--warmup", type=int, default=5,
                         help="warm-up chats before the figures: 1, then a burst of the rest (default %(default)s)")

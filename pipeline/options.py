@@ -15,11 +15,12 @@ its row, and read from there. Nothing heavy is imported at module level, so
 from __future__ import annotations
 
 import argparse
+import inspect
 from dataclasses import dataclass, fields
 from typing import Any
 
 from chatlens.config import LAYOUT
-from pipeline.model.backends import BACKENDS, SHARED_OPTIONS, backend_options
+from pipeline.model.backends import BACKENDS, SHARED_OPTIONS, backend_options, own_options
 from pipeline.model.backends.base import DEFAULT_MODEL, Option
 
 LOCAL_RUNNERS = ("BundleBasedDirectRunner", "DirectRunner", "SwitchingDirectRunner")
@@ -55,20 +56,20 @@ OPTIONS: tuple[Option, ...] = (
            "auto", choices=MODEL_SHARING),
     *SHARED_OPTIONS[_MODEL_BEFORE_STAGE:],
     Option("--session-gap-secs", "messages mode: a chat's session ends after this much silence (default 600)",
-           600, int),
+           600, int, minimum=1),
     Option("--early-fire-count", "messages mode: analyse a growing chat again after this many new messages "
-           "(default 4)", 4, int),
+           "(default 4)", 4, int, minimum=1),
     Option("--early-fire-secs", "messages mode: ... or this many seconds after a new message (default 30)",
-           30, int),
+           30, int, minimum=1),
     Option("--allowed-lateness-secs", "messages mode: how late a message may arrive and still update its "
-           "session; older ones are dead-lettered (default 86400)", 86_400, int),
+           "session; older ones are dead-lettered (default 86400)", 86_400, int, minimum=0),
     Option("--dedup-ttl-secs", "forget a (chat_id, window_id) this long after first seeing it; redeliveries "
-           "within it are dropped (default 3600)", 3_600, int),
+           "within it are dropped (default 3600)", 3_600, int, minimum=1),
     Option("--accelerator", "resource hint for the model stage, e.g. "
            "'type:nvidia-l4;count:1;install-nvidia-driver' (default none)"),
     Option("--min-ram", "resource hint for the model stage, e.g. '16GB' (default none)"),
     Option("--max-outstanding", "local runners: most input messages held unacknowledged at once (default 200)",
-           200, int),
+           200, int, minimum=1),
     Option("--lease-secs", "local runners: ack deadline (10-600 s) of an input message read but not yet "
            "settled, renewed every quarter of it; what a killed pipeline held comes back this long after "
            "(default 60)", 60, int),
@@ -118,9 +119,32 @@ def chatlens_options_class():
 _OPTIONS_CLASS = None
 
 
+def _with_backend_options(cls):
+    """Give `cls` (before @dataclass) a field for each backend's own option, defaulting to its row.
+
+    So an option a backend declares reaches the config, Beam's options (`beam_options`) and
+    the backend itself (`model_backend`) with nothing here naming it: adding a backend is
+    its module in pipeline/model/backends/ and its tests.
+    """
+    annotations = dict(inspect.get_annotations(cls))
+    for row in own_options():
+        if row.dest in annotations:
+            raise TypeError(f"backend option {row.flag} clashes with the PipelineConfig field {row.dest!r}")
+        kind = getattr(row.type, "__name__", "Any")
+        annotations[row.dest] = kind if row.default is not None else f"{kind} | None"
+        setattr(cls, row.dest, row.default)
+    cls.__annotations__ = annotations
+    return cls
+
+
 @dataclass(frozen=True)
+@_with_backend_options
 class PipelineConfig:
-    """The resolved options of one pipeline run (defaults filled in from Settings and LAYOUT)."""
+    """The resolved options of one pipeline run (defaults filled in from Settings and LAYOUT).
+
+    The fields below are the options the pipeline itself reads; each backend's own options
+    (remote's endpoint, gemma's per-tenant models, ...) are added as fields from their rows.
+    """
 
     project: str
     runner: str = DEFAULTS["runner"]
@@ -149,12 +173,6 @@ class PipelineConfig:
     max_outstanding: int = DEFAULTS["max_outstanding"]
     lease_secs: int = DEFAULTS["lease_secs"]
     model_sharing: str = DEFAULTS["model_sharing"]
-    remote_url: str | None = None
-    remote_model: str | None = None
-    tenant_models: str | None = None
-    max_models_per_worker: int | None = None
-    model_watch: str | None = None
-    model_watch_interval_secs: int = DEFAULTS["model_watch_interval_secs"]
     model_tag: str = MODEL_TAG
 
     def __post_init__(self):
@@ -163,17 +181,9 @@ class PipelineConfig:
             problems.append(f"--project {self.project!r}: Beam needs a project id of at least 6 characters")
         if self.min_batch_size < 1 or self.max_batch_size < self.min_batch_size:
             problems.append("batch sizes: need 1 <= --min-batch-size <= --max-batch-size")
-        for name in ("session_gap_secs", "early_fire_count", "early_fire_secs", "dedup_ttl_secs",
-                     "model_copies", "max_outstanding", "model_watch_interval_secs"):
-            if getattr(self, name) < 1:
-                problems.append(f"--{name.replace('_', '-')} must be at least 1")
-        for name in ("allowed_lateness_secs", "max_batch_duration_secs"):
-            if getattr(self, name) < 0:
-                problems.append(f"--{name.replace('_', '-')} must not be negative")
+        problems += [problem for row in OPTIONS if (problem := row.problem(getattr(self, row.dest)))]
         if not 10 <= self.lease_secs <= 600:
             problems.append("--lease-secs must be between 10 and 600 (Pub/Sub's ack deadlines)")
-        if self.max_models_per_worker is not None and self.max_models_per_worker < 1:
-            problems.append("--max-models-per-worker must be at least 1")
         if self.model_sharing not in MODEL_SHARING:
             problems.append(f"--model-sharing must be one of {', '.join(MODEL_SHARING)}, not {self.model_sharing!r}")
         if self.model_stage not in MODEL_STAGES:
@@ -203,21 +213,15 @@ class PipelineConfig:
         return self.model_sharing == "machine"
 
     def model_backend(self):
-        """The ModelBackend (pipeline/model/backends/keyed.py) these options describe."""
-        from pipeline.model.backends import backend
-        from pipeline.model.backends.keyed import ModelBackend, parse_tenant_models
+        """The ModelBackend (pipeline/model/backends/keyed.py) these options describe.
 
-        own = {row.dest: getattr(self, row.dest) for row in backend(self.model_stage).options}
-        return ModelBackend(
-            kind=self.model_stage, model=self.model, adapter=self.adapter, reply_for=self.reply_for,
-            cache_dir=self.model_cache, prompt_variant=self.prompt_variant,
-            min_batch_size=self.min_batch_size, max_batch_size=self.max_batch_size,
-            max_batch_duration_secs=self.max_batch_duration_secs or None, large_model=self.large_model,
-            model_copies=self.model_copies if self.model_copies > 1 else None,
-            tenant_models=parse_tenant_models(self.tenant_models), max_models_per_worker=self.max_models_per_worker,
-            watch_pattern=self.model_watch, watch_interval_secs=self.model_watch_interval_secs,
-            watch_in_handler=self.local, options=own,
-        )
+        It gets every model option by name (shared rows, --model-stage, each backend's own)
+        and picks what it reads there, so no backend option is named here.
+        """
+        from pipeline.model.backends.keyed import ModelBackend
+
+        values = {row.dest: getattr(self, row.dest) for row in (*SHARED_OPTIONS, *backend_options())}
+        return ModelBackend.from_options(values, large_model=self.large_model, watch_in_handler=self.local)
 
     @property
     def acks_after_publish(self) -> bool:

@@ -163,3 +163,111 @@ def test_remote_stage_options_build_the_openai_handler():
     assert transform._model_tag.endswith("-remote")  # never attaches to a loaded Gemma
     assert ModelBackend(kind="remote", options={"remote_url": "http://x/v1", "remote_model": "m"}).route(
         parse_window(window_json("c1", [("customer", "hi")], tenant="t"))) == DEFAULT_ROUTE
+
+
+# ---- a backend's options reach the config and its handler without PipelineConfig naming them ----
+def test_every_backend_option_is_a_config_field_from_its_row_and_reaches_its_backend():
+    import inspect
+    from dataclasses import fields
+
+    import pipeline.options
+    from pipeline.model.backends import BACKENDS
+    from pipeline.options import beam_options, chatlens_options_class
+
+    defaults = {f.name: f.default for f in fields(PipelineConfig)}
+    options_source = inspect.getsource(pipeline.options)
+    for chosen in BACKENDS.values():
+        for row in chosen.options:
+            assert defaults[row.dest] == row.default  # a field, its default read from the row
+            assert row.dest not in options_source and row.flag not in options_source  # never named there
+    config = config_from("--model-stage", "remote", "--remote-url", "http://vllm:8000/v1", "--remote-model", "m",
+                         "--model-watch-interval-secs", "45")
+    assert (config.remote_url, config.remote_model, config.model_watch_interval_secs) == (
+        "http://vllm:8000/v1", "m", 45)
+    assert config.model_backend().options == {"remote_url": "http://vllm:8000/v1", "remote_model": "m"}
+    carried = beam_options(config).view_as(chatlens_options_class())
+    assert (carried.remote_url, carried.model_watch_interval_secs) == ("http://vllm:8000/v1", 45)
+    with pytest.raises(ValueError, match="--model-watch-interval-secs must be at least 1"):
+        config_from("--model-watch-interval-secs", "0")  # the row's minimum, checked with no code of its own
+
+
+NEW_BACKEND = '''
+import argparse, json
+
+from apache_beam.ml.inference.base import ModelHandler, PredictionResult
+
+from pipeline.model.backends import BACKENDS
+from pipeline.model.backends.base import Backend, Option
+
+
+class EchoHandler(ModelHandler):
+    def __init__(self, greeting):
+        super().__init__()
+        self._greeting = greeting
+
+    def load_model(self):
+        return self._greeting
+
+    def run_inference(self, batch, model, inference_args=None):
+        return [PredictionResult(x, f"{model}, {x}") for x in batch]
+
+
+class EchoBackend(Backend):
+    name = "echo"
+    help = "answers every chat with --echo-greeting"
+    options = (Option("--echo-greeting", "what it answers (default hello)", "hello"),
+               Option("--echo-times", "how often it says it (default 1)", 1, int, minimum=1))
+
+    def handler(self, settings, model, adapter=None, task="analyze"):
+        self._task(task)
+        return EchoHandler(settings.options["echo_greeting"] * settings.options["echo_times"])
+
+
+BACKENDS["echo"] = EchoBackend()  # the registry line a new backend adds; pipeline.options is imported after it
+
+from pipeline.options import PipelineConfig, beam_options, chatlens_options_class
+from pipeline.streaming import add_arguments
+
+parser = argparse.ArgumentParser()
+add_arguments(parser)
+flag = {action.dest: action for action in parser._actions}["echo_greeting"]
+config = PipelineConfig.from_args(parser.parse_args(
+    ["--project", "chatlens-test", "--model-stage", "echo", "--echo-greeting", "hi", "--echo-times", "2"]))
+keyed = config.model_backend().handler()
+[(route, result)] = keyed.run_inference([("*", "there")], keyed.load_model())
+try:
+    PipelineConfig.from_args(parser.parse_args(["--project", "chatlens-test", "--model-stage", "echo",
+                                                "--echo-times", "0"]))
+    problem = None
+except ValueError as error:
+    problem = str(error)
+print(json.dumps({
+    "flag_default": flag.default, "stage_choices": list({a.dest: a for a in parser._actions}["model_stage"].choices),
+    "config": [config.echo_greeting, config.echo_times],
+    "default": PipelineConfig(project="chatlens-test").echo_greeting,
+    "beam": beam_options(config).view_as(chatlens_options_class()).echo_greeting,
+    "answer": [route, result.inference], "problem": problem,
+}))
+'''
+
+
+def test_a_new_backends_option_reaches_the_config_beam_and_its_handler(tmp_path):
+    """A backend defined outside pipeline/ (in a fresh process, registered before pipeline.options
+    is imported): its options are CLI flags, config fields, Beam options, checked against their
+    minimum and handed to its handler, while PipelineConfig's code stays as it is."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = tmp_path / "echo_backend.py"
+    script.write_text(NEW_BACKEND)
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))}
+    done = subprocess.run([sys.executable, str(script)], cwd=root, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen["flag_default"] == "hello" and "echo" in seen["stage_choices"]
+    assert seen["config"] == ["hi", 2] and seen["default"] == "hello" and seen["beam"] == "hi"
+    assert seen["answer"] == [DEFAULT_ROUTE, "hihi, there"]
+    assert seen["problem"] == "--echo-times must be at least 1"

@@ -13,6 +13,14 @@ from pipeline.transforms.dead_letters import claimed_chat_id, exception_dead_let
 from pipeline.transforms.records import DEAD_LETTER, Envelope, MessageEvent, Origin, TaggedWindow, utc
 
 
+def _invalid(envelope: Envelope, error: ContractError) -> pvalue.TaggedOutput:
+    """The `validate` dead letter of an envelope that failed its contract: one shape for
+    windows and messages, so both carry the same payload, attributes and source key."""
+    return pvalue.TaggedOutput(DEAD_LETTER, exception_dead_letter(
+        envelope.data, "validate", error, attributes=envelope.attributes, chat_id=claimed_chat_id(envelope.data),
+        source_ids=[envelope.source_id], published_at=envelope.published_at))
+
+
 class ValidateWindows(beam.PTransform):
     """Envelopes -> TaggedWindow (Origin, ChatWindow); invalid ones -> the `dead_letter` output."""
 
@@ -30,10 +38,7 @@ class _ValidateWindowFn(beam.DoFn):
         try:
             chat = parse_window(envelope.data)
         except ContractError as error:
-            yield pvalue.TaggedOutput(DEAD_LETTER, exception_dead_letter(
-                envelope.data, "validate", error, attributes=envelope.attributes,
-                chat_id=claimed_chat_id(envelope.data), source_ids=[envelope.source_id],
-                published_at=envelope.published_at))
+            yield _invalid(envelope, error)
             return
         self.valid.inc()
         origin = Origin(chat.chat_id, chat.window_id, envelope.data, envelope.attributes, envelope.published_at,
@@ -84,10 +89,7 @@ class _ValidateMessageFn(beam.DoFn):
                     f"message event time {utc(timestamp).isoformat()} is older than the session gap plus the "
                     f"allowed lateness ({self._max_age} s): its session is closed")
         except ContractError as error:
-            yield pvalue.TaggedOutput(DEAD_LETTER, exception_dead_letter(
-                envelope.data, "validate", error, attributes=envelope.attributes,
-                chat_id=claimed_chat_id(envelope.data), source_ids=[envelope.source_id],
-                published_at=envelope.published_at))
+            yield _invalid(envelope, error)
             return
         closed = is_closing(envelope.attributes)
         event = MessageEvent(message, envelope.data, envelope.attributes, envelope.published_at,

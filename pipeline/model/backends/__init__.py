@@ -5,8 +5,9 @@ this registry lists them. Adding a backend is one module here (a `Backend` subcl
 its `BACKEND`), one line below, and its tests. `keyed.py` turns the chosen backend into
 the keyed handler RunInference gets (routing, per-tenant models, model watch).
 
-Options flow one way: `pipeline.options` collects the rows from here; nothing here
-imports `pipeline.options`.
+Options flow one way: `pipeline.options` collects the rows from here (each backend's own
+rows become PipelineConfig fields and reach the backend as `ModelBackend.options`, with
+no code there naming them); nothing here imports `pipeline.options`.
 """
 
 from __future__ import annotations
@@ -40,9 +41,14 @@ def model_stage_option() -> Option:
                   choices=tuple(BACKENDS))
 
 
+def own_options() -> tuple[Option, ...]:
+    """Every backend's own rows, in registry order: what PipelineConfig adds as fields of their own."""
+    return tuple(row for b in BACKENDS.values() for row in b.options)
+
+
 def backend_options() -> tuple[Option, ...]:
     """`--model-stage`, then every backend's own rows, in registry order."""
-    return (model_stage_option(), *(row for b in BACKENDS.values() for row in b.options))
+    return (model_stage_option(), *own_options())
 
 
 def default(dest: str) -> Any:
@@ -51,4 +57,4 @@ def default(dest: str) -> Any:
 
 
 __all__ = ["BACKENDS", "DEFAULT_BACKEND", "SHARED_OPTIONS", "Backend", "Option", "backend", "backend_options",
-           "default"]
+           "default", "own_options"]

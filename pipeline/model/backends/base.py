@@ -21,7 +21,11 @@ DEFAULT_MODEL: str = Settings.model_fields["model"].default
 
 @dataclass(frozen=True)
 class Option:
-    """One row of the options table: an argparse argument and a Beam pipeline option."""
+    """One row of the options table: an argparse argument and a Beam pipeline option.
+
+    `minimum` is checked where the options are resolved (PipelineConfig), for every row
+    alike, so a backend's own numeric option is checked without code of its own there.
+    """
 
     flag: str
     help: str
@@ -29,10 +33,17 @@ class Option:
     type: Any = str
     choices: tuple[str, ...] | None = None
     metavar: str | None = None
+    minimum: int | None = None
 
     @property
     def dest(self) -> str:
         return self.flag.lstrip("-").replace("-", "_")
+
+    def problem(self, value: Any) -> str | None:
+        """What is wrong with `value` for this row (below its minimum), or None; unset values pass."""
+        if self.minimum is None or value is None or value >= self.minimum:
+            return None
+        return f"{self.flag} must " + ("not be negative" if self.minimum == 0 else f"be at least {self.minimum}")
 
 
 SHARED_OPTIONS: tuple[Option, ...] = (
@@ -46,8 +57,8 @@ SHARED_OPTIONS: tuple[Option, ...] = (
     Option("--min-batch-size", "smallest model batch (default 1)", 1, int),
     Option("--max-batch-size", "largest model batch (default 8)", 8, int),
     Option("--max-batch-duration-secs", "longest a batch waits to fill up; 0 batches within a bundle only "
-           "(default 1)", 1, int),
-    Option("--model-copies", "copies of the model per machine, e.g. one per GPU (default 1)", 1, int),
+           "(default 1)", 1, int, minimum=0),
+    Option("--model-copies", "copies of the model per machine, e.g. one per GPU (default 1)", 1, int, minimum=1),
     Option("--reply-for", "which chats get a reply draft (default negative)", "negative", choices=REPLY_FOR),
 )
 """The model rows every backend reads (model, batching, reply policy)."""
@@ -62,9 +73,10 @@ class Backend:
     """One kind of model backend (`--model-stage NAME`): its own options and its handler.
 
     Subclasses set `name`, `help` (one clause for --model-stage's help), `options` (the
-    rows only this backend reads), `tasks` (what its handler can do) and say whether the
-    generic model stage may route tenants to models of their own (`tenant_models`) or
-    watch for new presets (`model_watch`) with it.
+    rows only this backend reads: each becomes a PipelineConfig field and reaches `check`
+    and `handler` as `settings.options[dest]`), `tasks` (what its handler can do) and say
+    whether the generic model stage may route tenants to models of their own
+    (`tenant_models`) or watch for new presets (`model_watch`) with it.
     """
 
     name: ClassVar[str]

@@ -18,13 +18,13 @@ OPTIONS: tuple[Option, ...] = (
            metavar="MAP"),
     Option("--max-models-per-worker", "with --tenant-models: most models kept loaded per worker, least "
            "recently used ones are released (Beam's max_models_per_worker_hint; default: no limit)", type=int,
-           metavar="N"),
+           metavar="N", minimum=1),
     Option("--model-watch", "switch models without restarting: a file pattern matching a file inside each "
            "new preset directory, e.g. 'gs://bucket/presets/*/config.json'; the newest match added after the "
            "start wins (RunInference's watch_model_pattern; local runners watch in the handler)",
            metavar="PATTERN"),
     Option("--model-watch-interval-secs", f"how often --model-watch looks for new presets (default "
-           f"{WATCH_INTERVAL_SECS})", WATCH_INTERVAL_SECS, int),
+           f"{WATCH_INTERVAL_SECS})", WATCH_INTERVAL_SECS, int, minimum=1),
 )
 
 

@@ -15,6 +15,7 @@ pipeline's message origin along: `Routed(route, TaggedWindow(origin, chat))`
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
@@ -71,6 +72,27 @@ class ModelBackend:
     watch_in_handler: bool = False  # local runners: the handler watches (pipeline/model/watch.py)
     options: dict[str, Any] = field(default_factory=dict, hash=False)
     """The chosen backend's own options by dest, e.g. {"remote_url": ..., "remote_model": ...}."""
+
+    @classmethod
+    def from_options(cls, values: Mapping[str, Any], *, large_model: bool, watch_in_handler: bool) -> ModelBackend:
+        """The ModelBackend that the model options `values` describe (by dest: the shared rows,
+        `model_stage` and every backend's own rows, as PipelineConfig holds them).
+
+        Here, not in PipelineConfig, because this class implements what those options mean;
+        the chosen backend gets its own rows as `options`, whatever they are.
+        """
+        chosen = backend(values["model_stage"])
+        return cls(
+            kind=chosen.name, model=values["model"], adapter=values["adapter"], reply_for=values["reply_for"],
+            cache_dir=values["model_cache"], prompt_variant=values["prompt_variant"],
+            min_batch_size=values["min_batch_size"], max_batch_size=values["max_batch_size"],
+            max_batch_duration_secs=values["max_batch_duration_secs"] or None, large_model=large_model,
+            model_copies=values["model_copies"] if values["model_copies"] > 1 else None,
+            tenant_models=parse_tenant_models(values["tenant_models"]),
+            max_models_per_worker=values["max_models_per_worker"], watch_pattern=values["model_watch"],
+            watch_interval_secs=values["model_watch_interval_secs"], watch_in_handler=watch_in_handler,
+            options={row.dest: values[row.dest] for row in chosen.options},
+        )
 
     def __post_init__(self):
         chosen = self.backend
