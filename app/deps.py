@@ -7,6 +7,8 @@ endpoints are the exception; they check a pre-login token of their own.
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterable
 from typing import Annotated
 
 from fastapi import Depends, Query, Request
@@ -15,6 +17,8 @@ from starlette.concurrency import run_in_threadpool
 from app import security
 from app.context import AppContext
 from app.crud import sessions
+from app.crud.chats import SENTIMENTS, STATUS_FILTERS
+from app.crud.errors import KINDS as ERROR_KINDS
 from app.crud.sessions import Principal
 from app.db import Database
 from app.errors import Forbidden, NotAuthenticated
@@ -89,3 +93,13 @@ Supervisor = Annotated[Principal, Depends(supervisor)]
 MAX_SQL_INT = 2**31 - 1
 BeforeId = Annotated[int | None, Query(ge=1, le=MAX_SQL_INT)]
 Offset = Annotated[int, Query(ge=0, le=MAX_SQL_INT)]
+
+
+def one_of(values: Iterable[str]) -> str:
+    """A query pattern that accepts exactly `values`, so the choices are written once."""
+    return "^(" + "|".join(re.escape(value) for value in values) + ")$"
+
+
+StatusFilter = Annotated[str, Query(pattern=one_of(STATUS_FILTERS))]
+SentimentFilter = Annotated[str | None, Query(pattern=one_of(SENTIMENTS))]
+ErrorKind = Annotated[str | None, Query(pattern=one_of(ERROR_KINDS))]

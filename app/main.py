@@ -28,7 +28,6 @@ from app.deps import verify_csrf
 from app.errors import Conflict, Forbidden, Invalid, NotAuthenticated, NotFound, RateLimited
 from app.live import EventHub
 from app.routers import api, auth, live, ops, pages
-from app.schemas import ChatDetail
 from app.settings import DashboardSettings
 from app.subscriber import StreamSubscriber, make_client_factory
 from app.web import is_htmx, render
@@ -120,8 +119,10 @@ def install_error_handlers(app: FastAPI) -> None:
     async def conflict(request: Request, error: Conflict) -> Response:
         ctx: AppContext = request.app.state.ctx
         with ctx.db.read() as session:
-            chat = chats.get_chat(session, error.current.chat_id)
-            current = ChatDetail.of_chat(chat, chats.current_insight(session, chat)) if chat else None
+            try:
+                current = chats.chat_detail(session, error.current.chat_id)
+            except NotFound:
+                current = None
         return JSONResponse({"detail": str(error), "current": current.model_dump(mode="json") if current else None},
                             status_code=409)
 

@@ -1,14 +1,18 @@
 """The dashboard's tables (SQLAlchemy 2 ORM); one class per table, no behaviour.
 
 Times are stored as naive UTC and handed back timezone-aware (`UTCDateTime`), so SQLite
-and PostgreSQL return the same values.
+and PostgreSQL return the same values. The model outputs' columns are made from the contract
+(`chatlens.contracts.ChatAnalysis`, see `analysis_column`), so they are never written twice.
 """
 
 from __future__ import annotations
 
 from datetime import datetime, timezone
-from typing import Any
+from types import UnionType
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
+from pydantic import AwareDatetime, BaseModel
+from pydantic_core import PydanticUndefined
 from sqlalchemy import (
     JSON,
     Boolean,
@@ -23,9 +27,14 @@ from sqlalchemy import (
     TypeDecorator,
     UniqueConstraint,
 )
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.orm import DeclarativeBase, Mapped, MappedColumn, mapped_column
+from sqlalchemy.types import TypeEngine
+
+from chatlens.contracts import ANALYSIS_FIELDS, ChatAnalysis
 
 ID = String(128)
+ANALYSIS_FIELD = "analysis_field"
+"""Column.info key: the ChatAnalysis field a column holds."""
 
 
 def utcnow() -> datetime:
@@ -49,12 +58,57 @@ class UTCDateTime(TypeDecorator):
         return None if value is None else value.replace(tzinfo=timezone.utc)
 
 
+# str is Text whatever its max_length: the contract enforces limits on ingest, so a new limit
+# needs no migration (and the baseline keeps summaries and drafts as Text).
+_SCALAR_TYPES: dict[Any, type[TypeEngine]] = {bool: Boolean, int: Integer, float: Float, str: Text,
+                                              datetime: UTCDateTime, AwareDatetime: UTCDateTime}
+_JSON_ORIGINS = (list, tuple, dict, set, frozenset)
+
+
+def column_type(annotation: Any) -> tuple[TypeEngine, bool]:
+    """The column type for a contract field's annotation, and whether the column is nullable."""
+    origin, args = get_origin(annotation), get_args(annotation)
+    if origin is Annotated:
+        return column_type(args[0])
+    if origin in (Union, UnionType):
+        present = [arg for arg in args if arg is not type(None)]
+        if len(present) == 1:
+            return column_type(present[0])[0], True
+    elif origin is Literal and len({type(arg) for arg in args}) == 1:
+        return column_type(type(args[0]))
+    elif annotation in _SCALAR_TYPES:
+        return _SCALAR_TYPES[annotation](), False
+    elif origin in _JSON_ORIGINS or annotation in _JSON_ORIGINS or (
+            isinstance(annotation, type) and issubclass(annotation, BaseModel)):
+        return JSON(), False
+    raise TypeError(f"no column type for {annotation!r}: extend app.models.column_type")
+
+
+def analysis_column(field: str, **kwargs: Any) -> MappedColumn[Any]:
+    """A column holding the ChatAnalysis field `field`, typed and nullable as the contract says."""
+    info = ChatAnalysis.model_fields[field]
+    type_, nullable = column_type(info.annotation)
+    default = info.default_factory or info.default
+    extra = {} if default is None or default is PydanticUndefined else {"default": default}
+    return mapped_column(type_, nullable=nullable, info={ANALYSIS_FIELD: field}, **extra, **kwargs)
+
+
+# One column per model output, named as its field: a new ChatAnalysis field gets its column
+# here (and its migration from `alembic revision --autogenerate`).
+AnalysisColumns = type("AnalysisColumns", (), {
+    field: analysis_column(field, sort_order=-1) for field in ANALYSIS_FIELDS})
+
+
 class Base(DeclarativeBase):
     pass
 
 
 class Chat(Base):
-    """One row per chat: the current (newest) window's insight plus the review state."""
+    """One row per chat: the current (newest) window's insight plus the review state.
+
+    Its `analysis_column`s are the current window's outputs the queue sorts, shows or edits;
+    ingest copies each (CHAT_WINDOW_COPY).
+    """
 
     __tablename__ = "chats"
 
@@ -67,12 +121,12 @@ class Chat(Base):
     window_last_message_at: Mapped[datetime] = mapped_column(UTCDateTime)
     window_analyzed_at: Mapped[datetime] = mapped_column(UTCDateTime)
     windows_seen: Mapped[int] = mapped_column(Integer, default=1)
-    sentiment: Mapped[int] = mapped_column(Integer)  # as predicted for the current window
-    confidence: Mapped[float] = mapped_column(Float)
+    sentiment = analysis_column("sentiment")  # as predicted for the current window
+    confidence = analysis_column("confidence")
     corrected_sentiment: Mapped[int | None] = mapped_column(Integer)
     effective_sentiment: Mapped[int] = mapped_column(Integer, index=True)  # corrected, else predicted
-    summary: Mapped[str] = mapped_column(Text)
-    draft: Mapped[str | None] = mapped_column(Text)
+    summary = analysis_column("summary")
+    draft = analysis_column("reply_draft")  # the model's reply until someone edits it
     draft_edited: Mapped[bool] = mapped_column(Boolean, default=False)
     version: Mapped[int] = mapped_column(Integer, default=1)  # optimistic lock on draft and decision
     status: Mapped[str] = mapped_column(String(16), default="new", index=True)
@@ -93,21 +147,24 @@ class Chat(Base):
     )
 
 
-class Insight(Base):
-    """Every ChatInsight received, once per (chat_id, window_id): the idempotency key."""
+CHAT_WINDOW_COPY: dict[str, str] = {
+    column.key: column.info[ANALYSIS_FIELD] for column in Chat.__table__.columns if ANALYSIS_FIELD in column.info}
+"""Chat column -> the ChatAnalysis field it copies from the chat's current window."""
+
+
+class Insight(AnalysisColumns, Base):
+    """Every ChatInsight received, once per (chat_id, window_id): the idempotency key.
+
+    Its model outputs (sentiment, scores, summary, ...) are the AnalysisColumns.
+    """
 
     __tablename__ = "insights"
 
-    id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    chat_id: Mapped[str] = mapped_column(ID, index=True)
-    window_id: Mapped[str] = mapped_column(ID)
-    message_id: Mapped[str | None] = mapped_column(String(128))
-    sentiment: Mapped[int] = mapped_column(Integer)
-    confidence: Mapped[float] = mapped_column(Float)
-    scores: Mapped[dict] = mapped_column(JSON)
-    summary: Mapped[str] = mapped_column(Text)
-    reply_draft: Mapped[str | None] = mapped_column(Text)
-    flags: Mapped[list] = mapped_column(JSON, default=list)
+    # sort_order: these first, then the AnalysisColumns (-1), then the rest, as in the baseline.
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, sort_order=-2)
+    chat_id: Mapped[str] = mapped_column(ID, index=True, sort_order=-2)
+    window_id: Mapped[str] = mapped_column(ID, sort_order=-2)
+    message_id: Mapped[str | None] = mapped_column(String(128), sort_order=-2)
     model_id: Mapped[str] = mapped_column(String(200))
     prompt_version: Mapped[str] = mapped_column(String(64))
     published_at: Mapped[datetime] = mapped_column(UTCDateTime)

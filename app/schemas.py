@@ -8,11 +8,11 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, create_model
 
-from app.models import AuditEntry, Chat, ErrorEvent, Insight
+from app.models import CHAT_WINDOW_COPY, AuditEntry, Chat, ErrorEvent, Insight
 from app import sentiments
-from chatlens.contracts import MAX_REPLY_CHARS
+from chatlens.contracts import ANALYSIS_FIELDS, MAX_REPLY_CHARS, ChatAnalysis
 
 SentimentName = Literal["negative", "neutral", "positive"]
 
@@ -64,14 +64,26 @@ class TranscriptMessage(BaseModel):
     sent_at: datetime
 
 
-class ChatDetail(ChatSummary):
-    """A chat with its current window: what the review pane shows."""
-
+class _ChatReview(ChatSummary):
+    # Split from ChatDetail only to keep its JSON's key order: review state, then the outputs.
     draft: str | None
     reject_reason: str | None
     corrected_sentiment: SentimentName | None
-    scores: dict[str, float]
-    flags: list[str]
+
+
+WINDOW_OUTPUTS = tuple(name for name in ANALYSIS_FIELDS if name not in CHAT_WINDOW_COPY.values())
+"""The model outputs the chat row does not copy: the detail reads them from the window's insight."""
+
+# Typed as the contract types them, or null: a window stored before an output existed has none.
+_ChatOutputs = create_model("_ChatOutputs", __base__=_ChatReview, __module__=__name__, **{
+    name: (ChatAnalysis.model_fields[name].annotation | None, ...) for name in WINDOW_OUTPUTS})
+
+
+# Every model output is in it: the chat row's copies (ChatSummary, `draft`) and the window's
+# WINDOW_OUTPUTS, so an output added to the contract is shown without a change here.
+class ChatDetail(_ChatOutputs):
+    """A chat with its current window: what the review pane shows."""
+
     model_id: str | None
     prompt_version: str | None
     analyzed_at: datetime | None
@@ -82,16 +94,11 @@ class ChatDetail(ChatSummary):
     @classmethod
     def of_chat(cls, chat: Chat, insight: Insight | None) -> ChatDetail:
         base = ChatSummary.of(chat).model_dump()
+        window = {name: getattr(insight, name) if insight else None
+                  for name in (*WINDOW_OUTPUTS, "model_id", "prompt_version", "analyzed_at", "published_at")}
         return cls(
-            **base, draft=chat.draft, reject_reason=chat.reject_reason,
-            corrected_sentiment=sentiment_name(chat.corrected_sentiment),
-            scores=dict(insight.scores) if insight else {},
-            flags=list(insight.flags) if insight else [],
-            model_id=insight.model_id if insight else None,
-            prompt_version=insight.prompt_version if insight else None,
-            analyzed_at=insight.analyzed_at if insight else None,
-            published_at=insight.published_at if insight else None,
-            windows_seen=chat.windows_seen,
+            **base, **window, draft=chat.draft, reject_reason=chat.reject_reason,
+            corrected_sentiment=sentiment_name(chat.corrected_sentiment), windows_seen=chat.windows_seen,
             transcript=[TranscriptMessage.model_validate(m) for m in (insight.transcript if insight else [])],
         )
 

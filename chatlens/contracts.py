@@ -120,9 +120,35 @@ class SentimentScores(_Contract):
         return max(ranked, key=ranked.__getitem__)
 
 
-class ChatInsight(_Contract):
-    """What ChatLens concluded about one chat window: published to the results topic."""
+class ChatAnalysis(_Contract):
+    """What the model concluded about one chat window: the outputs a ChatInsight carries.
 
+    Declared once, here: the dashboard derives its `insights` columns, what ingest stores and
+    the chat-detail API from these fields, so a new output needs only this field, a dashboard
+    migration and the prompt/model side.
+    """
+
+    sentiment: Sentiment
+    confidence: Annotated[float, Field(ge=0.0, le=1.0)]
+    scores: SentimentScores
+    summary: Annotated[str, StringConstraints(min_length=1, max_length=MAX_SUMMARY_CHARS)]
+    reply_draft: Annotated[str, StringConstraints(min_length=1, max_length=MAX_REPLY_CHARS)] | None
+    flags: list[Annotated[str, StringConstraints(max_length=64)]] = Field(default_factory=list, max_length=16)
+
+    @model_validator(mode="after")
+    def _check_sentiment(self) -> ChatAnalysis:
+        if self.scores.label() != self.sentiment:
+            raise ValueError("sentiment must be the label with the highest probability")
+        return self
+
+
+ANALYSIS_FIELDS: tuple[str, ...] = tuple(ChatAnalysis.model_fields)
+"""The names of the model outputs, in declaration order."""
+
+
+class _InsightWindow(_Contract):
+    # A base of its own so that these fields come before the analysis in ChatInsight
+    # (pydantic orders fields base by base): its JSON and JSON Schema stay as they were.
     schema_version: Literal[1] = SCHEMA_VERSION
     chat_id: Identifier
     window_id: Identifier
@@ -130,23 +156,16 @@ class ChatInsight(_Contract):
     language: LanguageTag | None = None
     customer_id: Identifier
     closed: bool = False
-    sentiment: Sentiment
-    confidence: Annotated[float, Field(ge=0.0, le=1.0)]
-    scores: SentimentScores
-    summary: Annotated[str, StringConstraints(min_length=1, max_length=MAX_SUMMARY_CHARS)]
-    reply_draft: Annotated[str, StringConstraints(min_length=1, max_length=MAX_REPLY_CHARS)] | None
-    flags: list[Annotated[str, StringConstraints(max_length=64)]] = Field(default_factory=list, max_length=16)
+
+
+class ChatInsight(ChatAnalysis, _InsightWindow):
+    """What ChatLens concluded about one chat window: published to the results topic."""
+
     model_id: Annotated[str, StringConstraints(min_length=1, max_length=200)]
     prompt_version: Annotated[str, StringConstraints(min_length=1, max_length=64)]
     published_at: AwareDatetime
     analyzed_at: AwareDatetime
     transcript: Annotated[list[ChatMessage], Field(min_length=1, max_length=MAX_WINDOW_MESSAGES)]
-
-    @model_validator(mode="after")
-    def _check_sentiment(self) -> ChatInsight:
-        if self.scores.label() != self.sentiment:
-            raise ValueError("sentiment must be the label with the highest probability")
-        return self
 
 
 class DeadLetter(_Contract):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from datetime import timedelta
 
 import pytest
@@ -20,6 +21,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from app.feedback import export_feedback
 from app.main import create_app
+from app.schemas import WINDOW_OUTPUTS
+from chatlens.contracts import ANALYSIS_FIELDS
 
 
 @pytest.fixture(params=DATABASE_PARAMS)
@@ -109,6 +112,51 @@ def test_detail_has_transcript_summary_confidence_and_draft(alice):
     assert [m["sender"] for m in chat["transcript"]] == ["customer", "agent", "customer"]
     assert chat["version"] == 1 and chat["status"] == "new"
     assert alice.get("/api/chats/nope").status_code == 404
+
+
+# Outputs the chat row copies are shown under the review's names; every other one under its own.
+API_NAMES = {"sentiment": "predicted_sentiment", "reply_draft": "draft"}
+
+
+def test_detail_returns_every_model_output_of_the_current_window(alice, database_url):
+    insight = make_insight("flagged", "w7", sentiment=0, flags=["refund", "vip"], start=T0 + timedelta(minutes=9))
+    store(database_url, insight)
+    chat = alice.get("/api/chats/flagged").json()
+    sent = insight.model_dump(mode="json")
+    assert set(WINDOW_OUTPUTS) <= set(ANALYSIS_FIELDS) and {"scores", "flags"} <= set(WINDOW_OUTPUTS)
+    for name in ANALYSIS_FIELDS:
+        assert API_NAMES.get(name, name) in chat, name
+    assert {name: chat[name] for name in WINDOW_OUTPUTS} == {name: sent[name] for name in WINDOW_OUTPUTS}
+    assert chat["flags"] == ["refund", "vip"]
+    assert (chat["predicted_sentiment"], chat["confidence"], chat["summary"], chat["draft"]) == (
+        "neutral", sent["confidence"], sent["summary"], sent["reply_draft"])
+    detail_schema = alice.get("/openapi.json").json()["components"]["schemas"]["ChatDetail"]
+    assert set(WINDOW_OUTPUTS) <= set(detail_schema["required"])
+    page = alice.get("/chats/flagged")  # the review pane reads the same detail
+    assert page.status_code == 200 and '<span class="tag">vip</span>' in page.text
+    assert '<meter min="0" max="1" value="0.7" aria-label="neutral probability">' in page.text
+
+
+def test_queue_filters_mean_the_same_on_the_pages_and_in_the_api(alice, second_client):
+    def page_ids(**params) -> list[str]:
+        response = alice.get("/partials/queue", params=params)
+        assert response.status_code == 200
+        return list(dict.fromkeys(re.findall(r'data-chat-id="([^"]+)"', response.text)))
+
+    alice.post("/api/chats/neu/assign", json={"assignee": "me"})
+    alice.post("/chats/pos/assign", data={"assignee": "me"})
+    alice.post("/api/chats/neg-new/handled")
+    for params in [{}, {"assignee": "me"}, {"assignee": "none"}, {"status": "handled"}, {"status": "all"},
+                   {"sentiment": "negative"}, {"sentiment": "neutral", "assignee": "me"}]:
+        assert page_ids(**params) == ids(alice.get("/api/chats", params=params)), params
+    assert page_ids(assignee="me") == ["neu", "pos"]
+    # Words the filters do not know: the pages ignore them, the API says why.
+    assert page_ids(status="bogus", sentiment="furious") == ids(alice.get("/api/chats"))
+    for bad in [{"status": "bogus"}, {"sentiment": "furious"}, {"status": "open|all"}]:
+        assert alice.get("/api/chats", params=bad).status_code == 422, bad
+    sam = second_client("sam")
+    assert sam.get("/api/errors", params={"kind": "invalid_insight"}).status_code == 200
+    assert sam.get("/api/errors", params={"kind": "bogus"}).status_code == 422
 
 
 def test_review_workflow_is_audited_with_before_and_after(second_client, alice):

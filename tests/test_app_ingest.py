@@ -4,18 +4,20 @@ from __future__ import annotations
 
 import io
 import json
-from datetime import timedelta
+from datetime import datetime, timedelta
+from typing import Annotated, Literal
 
 import pytest
 from app_fixtures import T0, insight_bytes, make_insight, sqlite_url
-from sqlalchemy import func, select
+from pydantic import AwareDatetime, StringConstraints
+from sqlalchemy import JSON, Boolean, Float, Integer, Text, func, select
 
 from app.crud import chats
 from app.crud.chats import QueueFilter
 from app.crud.ingest import Outcome, ingest_dead_letter, ingest_insight, waiting_since
 from app.db import Database
-from app.models import ErrorEvent, Event, Insight
-from chatlens.contracts import DeadLetter
+from app.models import CHAT_WINDOW_COPY, Chat, ErrorEvent, Event, Insight, UTCDateTime, column_type
+from chatlens.contracts import ANALYSIS_FIELDS, ChatAnalysis, DeadLetter, SentimentScores
 from cli.main import main as chatlens
 
 
@@ -83,6 +85,60 @@ def test_the_newest_window_is_current_whatever_the_arrival_order(db):
         assert (chat.window_id, chat.sentiment, chat.windows_seen) == ("w3", 0, 3)
         assert chats.current_insight(session, chat).window_id == "w3"
     assert count(db, Insight) == 3
+
+
+def test_every_model_output_is_stored_in_its_column_and_the_chat_copies_its_own(db):
+    first = make_insight("c-1", "w1", -1, flags=["refund", "late"], start=T0)
+    second = make_insight("c-1", "w2", 1, reply=None, summary="Thanked us.", start=T0 + timedelta(minutes=5))
+    for insight in (first, second):
+        assert ingest_insight(db, insight_bytes(insight)) == Outcome.stored
+    assert set(CHAT_WINDOW_COPY.values()) <= set(ANALYSIS_FIELDS)
+    assert CHAT_WINDOW_COPY == {"sentiment": "sentiment", "confidence": "confidence", "summary": "summary",
+                                "draft": "reply_draft"}
+    with db.read() as session:
+        rows = {row.window_id: row for row in session.scalars(select(Insight))}
+        chat = session.get(Chat, "c-1")
+    for insight in (first, second):
+        sent = insight.model_dump(mode="json")
+        assert {name: getattr(rows[insight.window_id], name) for name in ANALYSIS_FIELDS} == {
+            name: sent[name] for name in ANALYSIS_FIELDS}
+    assert rows["w1"].flags == ["refund", "late"] and rows["w2"].reply_draft is None
+    current = second.model_dump(mode="json")  # the chat row shows the newest window's copies
+    assert {column: getattr(chat, column) for column in CHAT_WINDOW_COPY} == {
+        column: current[field] for column, field in CHAT_WINDOW_COPY.items()}
+
+
+def test_each_output_has_a_column_typed_and_nullable_as_the_contract_says():
+    for name, field in ChatAnalysis.model_fields.items():
+        column = Insight.__table__.c[name]
+        type_, nullable = column_type(field.annotation)
+        assert (type(column.type), column.nullable, column.info["analysis_field"]) == (type(type_), nullable, name)
+
+
+@pytest.mark.parametrize(("annotation", "expected"), [
+    (str, (Text, False)),
+    (Annotated[str, StringConstraints(max_length=64)], (Text, False)),  # limits stay the contract's
+    (Annotated[str, StringConstraints(max_length=64)] | None, (Text, True)),
+    (int | None, (Integer, True)),
+    (Literal[-1, 0, 1], (Integer, False)),
+    (Literal["billing", "delivery"], (Text, False)),
+    (float, (Float, False)),
+    (bool, (Boolean, False)),
+    (AwareDatetime, (UTCDateTime, False)),
+    (datetime | None, (UTCDateTime, True)),
+    (list[str], (JSON, False)),
+    (dict[str, float], (JSON, False)),
+    (SentimentScores | None, (JSON, True)),
+])
+def test_contract_types_map_to_column_types(annotation, expected):
+    column, nullable = column_type(annotation)
+    assert (type(column), nullable) == expected
+
+
+@pytest.mark.parametrize("annotation", [int | str, Literal[1, "one"], bytes])
+def test_a_contract_type_without_a_column_type_fails_at_import_not_at_runtime(annotation):
+    with pytest.raises(TypeError, match="no column type"):
+        column_type(annotation)
 
 
 def test_waiting_time_starts_at_the_first_unanswered_customer_message():

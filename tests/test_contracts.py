@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import base64
 import json
+import subprocess
+import sys
 from datetime import datetime, timedelta, timezone
 
 import pytest
 
 from chatlens.contracts import (
+    ANALYSIS_FIELDS,
     MAX_WINDOW_MESSAGES,
+    ChatAnalysis,
     ChatInsight,
     ChatWindow,
     ContractError,
@@ -98,6 +102,28 @@ def test_insight_contract_limits_and_consistency():
     ]:
         with pytest.raises(Exception, match=reason):
             ChatInsight.model_validate_json(json.dumps(bad))
+
+
+def test_the_model_outputs_are_declared_once_and_carried_by_every_insight():
+    assert ANALYSIS_FIELDS == tuple(ChatAnalysis.model_fields)
+    assert {"sentiment", "confidence", "scores", "summary", "reply_draft", "flags"} <= set(ANALYSIS_FIELDS)
+    assert issubclass(ChatInsight, ChatAnalysis)
+    for name in ANALYSIS_FIELDS:
+        assert repr(ChatInsight.model_fields[name]) == repr(ChatAnalysis.model_fields[name]), name
+    parsed = ChatInsight.model_validate_json(json.dumps(insight()))
+    analysis = ChatAnalysis.model_validate(parsed.model_dump(include=set(ANALYSIS_FIELDS)))
+    assert analysis.model_dump() == parsed.model_dump(include=set(ANALYSIS_FIELDS))
+    with pytest.raises(Exception, match="highest probability"):  # checked on the analysis alone too
+        ChatAnalysis.model_validate(analysis.model_dump() | {"sentiment": 1})
+    # The window's identity still leads a published insight, as before the analysis had a class.
+    assert list(json.loads(parsed.model_dump_json()))[:8] == [
+        "schema_version", "chat_id", "window_id", "tenant", "language", "customer_id", "closed", "sentiment"]
+
+
+def test_the_contracts_need_neither_a_database_nor_a_web_framework():
+    code = ("import sys, chatlens.contracts; "
+            "print(sorted(m for m in ('sqlalchemy', 'fastapi', 'alembic', 'starlette') if m in sys.modules))")
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout == "[]\n"
 
 
 def test_dead_letter_keeps_the_exact_payload_as_base64():

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from app.crud import logs
 from app.models import AuditEntry
 
 
@@ -33,18 +33,9 @@ def list_entries(
     limit: int = 200,
     before_id: int | None = None,
 ) -> list[AuditEntry]:
-    query = select(AuditEntry).order_by(AuditEntry.id.desc()).limit(limit)
-    if chat_id:
-        query = query.where(AuditEntry.chat_id == chat_id)
-    if actor:
-        query = query.where(AuditEntry.actor == actor)
-    if action:
-        query = query.where(AuditEntry.action == action)
-    if before_id:
-        query = query.where(AuditEntry.id < before_id)
-    return list(session.scalars(query))
+    return list(session.scalars(logs.newest_first(AuditEntry, limit, before_id,
+                                                  chat_id=chat_id, actor=actor, action=action)))
 
 
 def action_counts(session: Session) -> dict[str, int]:
-    rows = session.execute(select(AuditEntry.action, func.count()).group_by(AuditEntry.action))
-    return {action: count for action, count in rows}
+    return logs.counts(session, AuditEntry.action)

@@ -9,19 +9,22 @@ from sqlalchemy import ColumnElement, func, select
 from sqlalchemy.orm import Session
 
 from app.crud import search
+from app.errors import NotFound
 from app.models import Chat, Insight
 from app import sentiments
+from app.schemas import ChatDetail
 
 STATUSES = ("new", "approved", "rejected", "handled")
 STATUS_FILTERS = ("open", *STATUSES, "all")
 SENTIMENTS = sentiments.NAMES  # negative, neutral, positive
 UNASSIGNED = "none"
+ME = "me"
 
 
 @dataclass(frozen=True)
 class QueueFilter:
     """What the agent asked to see. `assignee` is a username or UNASSIGNED; `me` is resolved
-    by the caller, who knows who "me" is."""
+    by the caller (`resolve_assignee`), who knows who "me" is."""
 
     status: str = "open"
     sentiment: str | None = None
@@ -30,6 +33,11 @@ class QueueFilter:
     q: str | None = None
     limit: int = 200
     offset: int = 0
+
+
+def resolve_assignee(value: str | None, username: str) -> str | None:
+    """An assignee as people write it, for `username`: ME is them, empty is nobody."""
+    return username if value == ME else value or None
 
 
 @dataclass
@@ -96,6 +104,14 @@ def current_insight(session: Session, chat: Chat) -> Insight | None:
     return session.scalar(
         select(Insight).where(Insight.chat_id == chat.chat_id, Insight.window_id == chat.window_id)
     )
+
+
+def chat_detail(session: Session, chat_id: str) -> ChatDetail:
+    """A chat with its current window, as the API and the review pane show it."""
+    chat = get_chat(session, chat_id)
+    if chat is None:
+        raise NotFound(f"No chat {chat_id!r}.")
+    return ChatDetail.of_chat(chat, current_insight(session, chat))
 
 
 def tenants(session: Session) -> list[str]:

@@ -2,21 +2,18 @@
 
 from __future__ import annotations
 
-from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from app.crud import logs
 from app.models import ErrorEvent
+
+KINDS = ("dead_letter", "invalid_insight", "invalid_dead_letter")
 
 
 def list_errors(session: Session, kind: str | None = None, limit: int = 200,
                 before_id: int | None = None) -> list[ErrorEvent]:
-    query = select(ErrorEvent).order_by(ErrorEvent.id.desc()).limit(limit)
-    if kind:
-        query = query.where(ErrorEvent.kind == kind)
-    if before_id:
-        query = query.where(ErrorEvent.id < before_id)
-    return list(session.scalars(query))
+    return list(session.scalars(logs.newest_first(ErrorEvent, limit, before_id, kind=kind)))
 
 
 def counts(session: Session) -> dict[str, int]:
-    return dict(session.execute(select(ErrorEvent.kind, func.count()).group_by(ErrorEvent.kind)).all())
+    return logs.counts(session, ErrorEvent.kind)

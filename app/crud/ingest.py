@@ -16,14 +16,21 @@ from enum import Enum
 from typing import Any
 
 from pydantic import ValidationError
-from sqlalchemy import select
+from sqlalchemy import JSON, select
 from sqlalchemy.exc import IntegrityError
 
 from app.crud import audit, events, search
 from app.db import Database
-from app.models import Chat, ErrorEvent, Insight, utcnow
+from app.models import CHAT_WINDOW_COPY, Chat, ErrorEvent, Insight, utcnow
 from app import sentiments
-from chatlens.contracts import ChatInsight, ChatMessage, DeadLetter, describe_validation_error
+from chatlens.contracts import (
+    ANALYSIS_FIELDS,
+    ChatAnalysis,
+    ChatInsight,
+    ChatMessage,
+    DeadLetter,
+    describe_validation_error,
+)
 
 SYSTEM_ACTOR = "pipeline"
 INTEGRITY_RETRIES = 3
@@ -61,8 +68,31 @@ def _chat_body(insight: ChatInsight) -> str:
     )
 
 
+_JSON_OUTPUTS = {name for name in ANALYSIS_FIELDS if isinstance(Insight.__table__.c[name].type, JSON)}
+
+
+def analysis_values(analysis: ChatAnalysis) -> dict[str, Any]:
+    """Each model output as its column (`app.models.analysis_column`) stores it: JSON ones as JSON."""
+    return (analysis.model_dump(include=set(ANALYSIS_FIELDS) - _JSON_OUTPUTS)
+            | analysis.model_dump(mode="json", include=_JSON_OUTPUTS))
+
+
+def insight_row(insight: ChatInsight, raw: bytes, message_id: str | None, received_at: datetime) -> dict[str, Any]:
+    """The `insights` row of a received ChatInsight, as keyword arguments of `Insight` (for bulk fills too)."""
+    return dict(
+        chat_id=insight.chat_id, window_id=insight.window_id, message_id=message_id,
+        model_id=insight.model_id, prompt_version=insight.prompt_version, published_at=insight.published_at,
+        analyzed_at=insight.analyzed_at, received_at=received_at, last_message_at=insight.transcript[-1].sent_at,
+        transcript=[message.model_dump(mode="json") for message in insight.transcript],
+        payload=raw.decode("utf-8"), **analysis_values(insight),
+    )
+
+
 def _apply_window(chat: Chat, insight: ChatInsight, body: str) -> None:
     """Make `insight` the chat's current window: new text, new draft, back to review."""
+    values = analysis_values(insight)
+    for column, field in CHAT_WINDOW_COPY.items():
+        setattr(chat, column, values[field])
     chat.tenant = insight.tenant
     chat.customer_id = insight.customer_id
     chat.language = insight.language
@@ -70,12 +100,8 @@ def _apply_window(chat: Chat, insight: ChatInsight, body: str) -> None:
     chat.window_id = insight.window_id
     chat.window_last_message_at = insight.transcript[-1].sent_at
     chat.window_analyzed_at = insight.analyzed_at
-    chat.sentiment = insight.sentiment
-    chat.confidence = insight.confidence
     chat.corrected_sentiment = None
     chat.effective_sentiment = insight.sentiment
-    chat.summary = insight.summary
-    chat.draft = insight.reply_draft
     chat.draft_edited = False
     chat.status = "new"
     chat.reject_reason = None
@@ -99,16 +125,7 @@ def _store_insight(db: Database, insight: ChatInsight, raw: bytes, message_id: s
         if exists is not None:
             return Outcome.duplicate, False
         last_message_at = insight.transcript[-1].sent_at
-        session.add(Insight(
-            chat_id=insight.chat_id, window_id=insight.window_id, message_id=message_id,
-            sentiment=insight.sentiment, confidence=insight.confidence,
-            scores=insight.scores.model_dump(), summary=insight.summary,
-            reply_draft=insight.reply_draft, flags=list(insight.flags), model_id=insight.model_id,
-            prompt_version=insight.prompt_version, published_at=insight.published_at,
-            analyzed_at=insight.analyzed_at, received_at=received_at, last_message_at=last_message_at,
-            transcript=[message.model_dump(mode="json") for message in insight.transcript],
-            payload=raw.decode("utf-8"),
-        ))
+        session.add(Insight(**insight_row(insight, raw, message_id, received_at)))
         chat = session.get(Chat, insight.chat_id, with_for_update=True)
         body = _chat_body(insight)
         current = True

@@ -13,10 +13,19 @@ from fastapi import APIRouter, Depends, Query
 
 from app.crud import audit, chats, review
 from app.crud import errors as error_rows
-from app.crud.chats import QueueFilter
-from app.crud.sessions import Principal
-from app.deps import DB, BeforeId, Ctx, Offset, Supervisor, User, current_user
-from app.errors import NotFound
+from app.crud.chats import QueueFilter, resolve_assignee
+from app.deps import (
+    DB,
+    BeforeId,
+    Ctx,
+    ErrorKind,
+    Offset,
+    SentimentFilter,
+    StatusFilter,
+    Supervisor,
+    User,
+    current_user,
+)
 from app.schemas import (
     ApproveIn,
     AssignIn,
@@ -36,16 +45,9 @@ router = APIRouter(prefix="/api", tags=["queue"], dependencies=[Depends(current_
 CONFLICT = {409: {"model": ConflictOut, "description": "Changed by someone else since `version`"}}
 
 
-def resolve_assignee(value: str | None, user: Principal) -> str | None:
-    return user.username if value == "me" else value or None
-
-
 def detail(ctx, chat_id: str) -> ChatDetail:
     with ctx.db.read() as session:
-        chat = chats.get_chat(session, chat_id)
-        if chat is None:
-            raise NotFound(f"No chat {chat_id!r}.")
-        return ChatDetail.of_chat(chat, chats.current_insight(session, chat))
+        return chats.chat_detail(session, chat_id)
 
 
 def _announce(ctx, chat_id: str) -> ChatDetail:
@@ -57,8 +59,8 @@ def _announce(ctx, chat_id: str) -> ChatDetail:
 @router.get("/chats", response_model=QueueOut)
 def list_chats(
     ctx: Ctx, user: User,
-    status: Annotated[str, Query(pattern="^(open|new|approved|rejected|handled|all)$")] = "open",
-    sentiment: Annotated[str | None, Query(pattern="^(negative|neutral|positive)$")] = None,
+    status: StatusFilter = "open",
+    sentiment: SentimentFilter = None,
     assignee: Annotated[str | None, Query(description='username, "me" or "none"', max_length=64)] = None,
     tenant: Annotated[str | None, Query(max_length=128)] = None,
     q: Annotated[str | None, Query(max_length=200, description="full-text search")] = None,
@@ -66,7 +68,7 @@ def list_chats(
     offset: Offset = 0,
 ) -> QueueOut:
     """The queue, most urgent first (negative, then longest waiting)."""
-    f = QueueFilter(status=status, sentiment=sentiment, assignee=resolve_assignee(assignee, user),
+    f = QueueFilter(status=status, sentiment=sentiment, assignee=resolve_assignee(assignee, user.username),
                     tenant=tenant or None, q=q, limit=limit, offset=offset)
     with ctx.db.read() as session:
         page = chats.list_chats(session, f, ctx.db.fts)
@@ -98,7 +100,7 @@ def reject(ctx: Ctx, user: User, chat_id: str, body: RejectIn) -> ChatDetail:
 
 @router.post("/chats/{chat_id}/assign", response_model=ChatDetail)
 def assign(ctx: Ctx, user: User, chat_id: str, body: AssignIn) -> ChatDetail:
-    review.assign(ctx.db, chat_id, user.username, resolve_assignee(body.assignee, user))
+    review.assign(ctx.db, chat_id, user.username, resolve_assignee(body.assignee, user.username))
     return _announce(ctx, chat_id)
 
 
@@ -152,7 +154,7 @@ def audit_log(
             responses={403: {"description": "Supervisors only"}})
 def errors(
     ctx: Ctx, _supervisor: Supervisor,
-    kind: Annotated[str | None, Query(pattern="^(dead_letter|invalid_insight|invalid_dead_letter)$")] = None,
+    kind: ErrorKind = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 200,
     before_id: BeforeId = None,
 ) -> list[ErrorOut]:

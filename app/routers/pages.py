@@ -16,11 +16,11 @@ from fastapi.responses import RedirectResponse, Response
 from app.context import AppContext
 from app.crud import audit, chats, review, users
 from app.crud import errors as error_rows
-from app.crud.chats import SENTIMENTS, STATUS_FILTERS, UNASSIGNED, QueueFilter
+from app.crud.chats import SENTIMENTS, STATUS_FILTERS, UNASSIGNED, QueueFilter, resolve_assignee
 from app.crud.sessions import Principal
 from app.deps import BeforeId, Ctx, Supervisor, User
-from app.errors import Conflict, Invalid, NotFound
-from app.schemas import AuditOut, ChatDetail, ChatSummary, ErrorOut
+from app.errors import Conflict, Invalid
+from app.schemas import AuditOut, ChatSummary, ErrorOut
 from app.web import is_htmx, render
 from chatlens.contracts import MAX_REPLY_CHARS
 
@@ -36,8 +36,8 @@ def read_filter(request: Request, user: Principal, limit: int) -> tuple[QueueFil
         raw["status"] = "open"
     if raw["sentiment"] not in SENTIMENTS:
         raw["sentiment"] = ""
-    assignee = user.username if raw["assignee"] == "me" else raw["assignee"] or None
-    f = QueueFilter(status=raw["status"], sentiment=raw["sentiment"] or None, assignee=assignee,
+    f = QueueFilter(status=raw["status"], sentiment=raw["sentiment"] or None,
+                    assignee=resolve_assignee(raw["assignee"], user.username),
                     tenant=raw["tenant"] or None, q=raw["q"] or None, limit=limit)
     return f, raw
 
@@ -63,10 +63,7 @@ def queue_context(ctx: AppContext, request: Request, user: Principal, selected: 
 
 def detail_context(ctx: AppContext, user: Principal, chat_id: str) -> dict[str, Any]:
     with ctx.db.read() as session:
-        chat = chats.get_chat(session, chat_id)
-        if chat is None:
-            raise NotFound(f"No chat {chat_id!r}.")
-        chat_detail = ChatDetail.of_chat(chat, chats.current_insight(session, chat))
+        chat_detail = chats.chat_detail(session, chat_id)
         history = ([AuditOut.of(e) for e in audit.list_entries(session, chat_id=chat_id, limit=20)]
                    if user.is_supervisor else [])
     return {"chat": chat_detail, "history": history, "max_reply": MAX_REPLY_CHARS,
@@ -148,7 +145,7 @@ def reject(request: Request, ctx: Ctx, user: User, chat_id: str, version: Versio
 @router.post("/chats/{chat_id}/assign")
 def assign(request: Request, ctx: Ctx, user: User, chat_id: str,
            assignee: Annotated[str, Form(max_length=64)] = "") -> Response:
-    target = user.username if assignee == "me" else assignee or None
+    target = resolve_assignee(assignee, user.username)
     flash = "Assigned to you." if target == user.username else (
         f"Assigned to {target}." if target else "Unassigned.")
     return _run(request, ctx, user, chat_id, flash,
@@ -182,21 +179,31 @@ def copied(ctx: Ctx, user: User, chat_id: str) -> Response:
     return Response(status_code=204)
 
 
+LOG_PAGE = 100  # audit and error rows a page
+
+
+def _older(path: str, rows: list, filters: dict[str, str]) -> str | None:
+    """The link to the older rows after a full page, with the same filters."""
+    return f"{path}?{urlencode({'before_id': rows[-1].id} | filters)}" if len(rows) == LOG_PAGE else None
+
+
 @router.get("/audit")
 def audit_page(request: Request, ctx: Ctx, user: Supervisor, chat_id: str | None = None,
                actor: str | None = None, action: str | None = None, before_id: BeforeId = None) -> Response:
     with ctx.db.read() as session:
         rows = [AuditOut.of(e) for e in audit.list_entries(
-            session, chat_id or None, actor or None, action or None, 100, before_id)]
+            session, chat_id or None, actor or None, action or None, LOG_PAGE, before_id)]
         actions = sorted(audit.action_counts(session))
-    return render(request, "audit.html", entries=rows, actions=actions,
-                  filters={"chat_id": chat_id or "", "actor": actor or "", "action": action or ""})
+    filters = {"chat_id": chat_id or "", "actor": actor or "", "action": action or ""}
+    return render(request, "audit.html", entries=rows, actions=actions, filters=filters,
+                  older=_older("/audit", rows, filters))
 
 
 @router.get("/errors")
 def errors_page(request: Request, ctx: Ctx, user: Supervisor, kind: str | None = None,
                 before_id: BeforeId = None) -> Response:
     with ctx.db.read() as session:
-        rows = [ErrorOut.of(e) for e in error_rows.list_errors(session, kind or None, 100, before_id)]
+        rows = [ErrorOut.of(e) for e in error_rows.list_errors(session, kind or None, LOG_PAGE, before_id)]
         counts = error_rows.counts(session)
-    return render(request, "errors.html", rows=rows, counts=counts, kind=kind or "")
+    return render(request, "errors.html", rows=rows, counts=counts, kind=kind or "",
+                  older=_older("/errors", rows, {"kind": kind or ""}))
