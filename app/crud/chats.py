@@ -75,8 +75,9 @@ def list_chats(session: Session, f: QueueFilter, fts: bool = False) -> QueuePage
         .order_by(Chat.effective_sentiment, Chat.waiting_since, Chat.chat_id)
         .limit(f.limit).offset(f.offset)
     )
-    total = session.scalar(select(func.count()).select_from(Chat).where(*where)) or 0
-    return QueuePage(items=list(items), total=total, counts=sentiment_counts(session, f, fts))
+    counts = sentiment_counts(session, f, fts)  # the total is theirs: no second count of the same rows
+    total = counts[f.sentiment] if f.sentiment in SENTIMENTS else sum(counts.values())
+    return QueuePage(items=list(items), total=total, counts=counts)
 
 
 def sentiment_counts(session: Session, f: QueueFilter, fts: bool = False) -> dict[str, int]:
