@@ -13,11 +13,11 @@ import sqlite3
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 from sqlalchemy import Engine, create_engine, event, inspect, text
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
-from sqlalchemy.schema import CreateIndex
 
 from app.models import Base
 
@@ -74,8 +74,9 @@ def make_engine(url: str) -> Engine:
 class Database:
     """One engine, a read-session and a write-session factory, and the schema migrations."""
 
-    def __init__(self, url: str, search_backend: str = "auto") -> None:
+    def __init__(self, url: str, search_backend: str = "auto", *, migrations: str | Path | None = None) -> None:
         self.url = url
+        self.migrations = migrations  # the revisions' folder: app/migrations/versions unless a test's copy
         self.engine = make_engine(url)
         self.is_sqlite = self.engine.dialect.name == "sqlite"
         self._reader = sessionmaker(self.engine, expire_on_commit=False)
@@ -96,8 +97,10 @@ class Database:
         """Run Alembic in one locked transaction, so that processes starting together take turns.
 
         A database made before migrations (tables, no alembic_version) is first brought to the
-        schema that release made, as it did (missing tables and indexes added), then stamped
-        at the baseline revision it matches, then upgraded like any other.
+        baseline by the baseline revision itself, which creates only the tables and indexes
+        missing (IF NOT EXISTS) and touches no row, and stamped there; then it is upgraded like
+        any other. Not from the current models: once a later revision exists they are no longer
+        the baseline's schema, and that revision would add what they had already made.
         """
         from alembic import command
 
@@ -107,14 +110,10 @@ class Database:
             if conn.dialect.name == "postgresql":
                 conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK})
             tables = set(inspect(conn).get_table_names())
-            config = alembic_config(connection=conn)
+            config = alembic_config(connection=conn, versions=self.migrations)
             if "alembic_version" not in tables and tables & set(Base.metadata.tables):
-                log.info("database made before migrations: stamping it at %s", BASELINE)
-                Base.metadata.create_all(conn)
-                for table in Base.metadata.sorted_tables:
-                    for index in table.indexes:
-                        conn.execute(CreateIndex(index, if_not_exists=True))
-                command.stamp(config, BASELINE)
+                log.info("database made before migrations: completing it and stamping it at %s", BASELINE)
+                command.upgrade(config, BASELINE)
             command.upgrade(config, "head")
 
     def _setup_fts(self) -> bool:

@@ -142,29 +142,23 @@ class Insights:
 
 # ---- the bulk fill: the rows ingest would store --------------------------------------------
 def bulk_rows(insight, raw: bytes, received_at: datetime, message_id: str | None) -> tuple[dict, dict, dict]:
-    """(insight row, chat row, event row) as `_store_insight` writes them for a chat's first window."""
+    """(insight row, chat row, event row) as `_store_insight` writes them for a chat's first window.
+
+    The insight row is ingest's own (`insight_row`) and the chat row comes from `_apply_window`,
+    so a new model output (a ChatAnalysis field) is filled here too, with nothing to add.
+    """
     from app import sentiments
-    from app.crud.ingest import SYSTEM_ACTOR, _apply_window, _chat_body
+    from app.crud.ingest import SYSTEM_ACTOR, _apply_window, _chat_body, insight_row
     from app.models import Chat
 
     chat = Chat(chat_id=insight.chat_id, version=1, windows_seen=1, first_seen_at=received_at,
                 updated_at=received_at, updated_by=SYSTEM_ACTOR, assignee=None, corrected_sentiment=None)
     _apply_window(chat, insight, _chat_body(insight))
-    insight_row = dict(
-        chat_id=insight.chat_id, window_id=insight.window_id, message_id=message_id,
-        sentiment=insight.sentiment, confidence=insight.confidence,
-        scores=insight.scores.model_dump(), summary=insight.summary,
-        reply_draft=insight.reply_draft, flags=list(insight.flags), model_id=insight.model_id,
-        prompt_version=insight.prompt_version, published_at=insight.published_at,
-        analyzed_at=insight.analyzed_at, received_at=received_at, last_message_at=insight.transcript[-1].sent_at,
-        transcript=[message.model_dump(mode="json") for message in insight.transcript],
-        payload=raw.decode("utf-8"),
-    )
     chat_row = {column.key: getattr(chat, column.key) for column in Chat.__table__.columns}
     event_row = dict(at=received_at, kind="chat", chat_id=insight.chat_id, data={
         "chat_id": insight.chat_id, "action": "insight", "window_id": insight.window_id, "current": True,
         "version": 1, "sentiment": sentiments.name(insight.sentiment), "actor": SYSTEM_ACTOR})
-    return insight_row, chat_row, event_row
+    return insight_row(insight, raw, message_id, received_at), chat_row, event_row
 
 
 def write_batch(db, rows: list[tuple[dict, dict, dict]], events_from: int = 0) -> None:

@@ -12,7 +12,8 @@ from typing import Any
 from alembic.config import Config
 
 HERE = Path(__file__).resolve().parent
-# The first revision: the schema as `Base.metadata.create_all` made it before migrations.
+# The first revision: the schema as `Base.metadata.create_all` made it before migrations; it
+# creates only what is missing, so it also completes a database that release made (app.db).
 BASELINE = "0001_baseline"
 # Tables of the database that are not in app.models: SQLite FTS5's virtual table and its shadows.
 UNMANAGED_PREFIXES = ("chat_fts",)
@@ -32,11 +33,16 @@ def render_item(type_: str, obj: Any, _autogen_context: Any) -> str | bool:
     return False
 
 
-def alembic_config(url: str | None = None, connection: Any = None, **cmd_opts: Any) -> Config:
-    """A Config on this folder: on `connection` (its transaction is the caller's) or on `url`."""
+def alembic_config(url: str | None = None, connection: Any = None, versions: str | Path | None = None,
+                   **cmd_opts: Any) -> Config:
+    """A Config on this folder: on `connection` (its transaction is the caller's) or on `url`.
+
+    `versions` is the folder of revisions, this package's `versions/` by default: tests point it
+    at a copy with one more revision, to upgrade databases as a next release would.
+    """
     config = Config()
     config.set_main_option("script_location", str(HERE))
-    config.set_main_option("version_locations", str(HERE / "versions"))
+    config.set_main_option("version_locations", str(versions or HERE / "versions"))
     config.set_main_option("path_separator", "os")
     if url:
         config.set_main_option("sqlalchemy.url", url.replace("%", "%%"))

@@ -1,8 +1,10 @@
 """Baseline: the dashboard schema as `Base.metadata.create_all` made it before migrations.
 
-A database made by that release has these tables but no alembic_version: app.db stamps it
-at this revision instead of running it. Types are written out (no app.models import), so
-this revision stays what it is when the models change.
+A database made by that release has these tables but no alembic_version: app.db runs this
+revision on it too. Every table and index is created IF NOT EXISTS, so the run adds only what
+such a database lacks and leaves its tables and rows as they are; its schema then is this
+revision's, whatever the models have become since. Types are written out (no app.models
+import), so this revision stays what it is when the models change: never edit it.
 
 Revision ID: 0001_baseline
 Revises:
@@ -22,11 +24,12 @@ depends_on: Union[str, Sequence[str], None] = None
 
 
 def upgrade() -> None:
-    """Create every table, index and constraint of the dashboard."""
+    """Create every table, index and constraint of the dashboard that is not there yet."""
     op.create_table('app_secrets',
     sa.Column('name', sa.String(length=64), nullable=False),
     sa.Column('value', sa.String(length=255), nullable=False),
-    sa.PrimaryKeyConstraint('name')
+    sa.PrimaryKeyConstraint('name'),
+    if_not_exists=True,
     )
     op.create_table('audit_log',
     sa.Column('id', sa.Integer(), nullable=False),
@@ -37,12 +40,13 @@ def upgrade() -> None:
     sa.Column('window_id', sa.String(length=128), nullable=True),
     sa.Column('before', sa.JSON(), nullable=True),
     sa.Column('after', sa.JSON(), nullable=True),
-    sa.PrimaryKeyConstraint('id')
+    sa.PrimaryKeyConstraint('id'),
+    if_not_exists=True,
     )
-    op.create_index(op.f('ix_audit_log_action'), 'audit_log', ['action'], unique=False)
-    op.create_index(op.f('ix_audit_log_actor'), 'audit_log', ['actor'], unique=False)
-    op.create_index(op.f('ix_audit_log_at'), 'audit_log', ['at'], unique=False)
-    op.create_index(op.f('ix_audit_log_chat_id'), 'audit_log', ['chat_id'], unique=False)
+    op.create_index(op.f('ix_audit_log_action'), 'audit_log', ['action'], unique=False, if_not_exists=True)
+    op.create_index(op.f('ix_audit_log_actor'), 'audit_log', ['actor'], unique=False, if_not_exists=True)
+    op.create_index(op.f('ix_audit_log_at'), 'audit_log', ['at'], unique=False, if_not_exists=True)
+    op.create_index(op.f('ix_audit_log_chat_id'), 'audit_log', ['chat_id'], unique=False, if_not_exists=True)
 
     op.create_table('chats',
     sa.Column('chat_id', sa.String(length=128), nullable=False),
@@ -70,15 +74,16 @@ def upgrade() -> None:
     sa.Column('updated_at', sa.DateTime(), nullable=False),
     sa.Column('updated_by', sa.String(length=64), nullable=True),
     sa.Column('search_text', sa.Text(), nullable=False),
-    sa.PrimaryKeyConstraint('chat_id')
+    sa.PrimaryKeyConstraint('chat_id'),
+    if_not_exists=True,
     )
-    op.create_index(op.f('ix_chats_assignee'), 'chats', ['assignee'], unique=False)
-    op.create_index(op.f('ix_chats_effective_sentiment'), 'chats', ['effective_sentiment'], unique=False)
-    op.create_index('ix_chats_order', 'chats', ['effective_sentiment', 'waiting_since', 'chat_id', 'status'], unique=False)
-    op.create_index('ix_chats_queue', 'chats', ['status', 'effective_sentiment', 'waiting_since'], unique=False)
-    op.create_index(op.f('ix_chats_status'), 'chats', ['status'], unique=False)
-    op.create_index(op.f('ix_chats_tenant'), 'chats', ['tenant'], unique=False)
-    op.create_index(op.f('ix_chats_waiting_since'), 'chats', ['waiting_since'], unique=False)
+    op.create_index(op.f('ix_chats_assignee'), 'chats', ['assignee'], unique=False, if_not_exists=True)
+    op.create_index(op.f('ix_chats_effective_sentiment'), 'chats', ['effective_sentiment'], unique=False, if_not_exists=True)
+    op.create_index('ix_chats_order', 'chats', ['effective_sentiment', 'waiting_since', 'chat_id', 'status'], unique=False, if_not_exists=True)
+    op.create_index('ix_chats_queue', 'chats', ['status', 'effective_sentiment', 'waiting_since'], unique=False, if_not_exists=True)
+    op.create_index(op.f('ix_chats_status'), 'chats', ['status'], unique=False, if_not_exists=True)
+    op.create_index(op.f('ix_chats_tenant'), 'chats', ['tenant'], unique=False, if_not_exists=True)
+    op.create_index(op.f('ix_chats_waiting_since'), 'chats', ['waiting_since'], unique=False, if_not_exists=True)
 
     op.create_table('error_events',
     sa.Column('id', sa.Integer(), nullable=False),
@@ -94,11 +99,12 @@ def upgrade() -> None:
     sa.Column('failed_at', sa.DateTime(), nullable=True),
     sa.Column('received_at', sa.DateTime(), nullable=False),
     sa.PrimaryKeyConstraint('id'),
-    sa.UniqueConstraint('source', 'message_id', name='uq_error_events_message')
+    sa.UniqueConstraint('source', 'message_id', name='uq_error_events_message'),
+    if_not_exists=True,
     )
-    op.create_index(op.f('ix_error_events_chat_id'), 'error_events', ['chat_id'], unique=False)
-    op.create_index(op.f('ix_error_events_kind'), 'error_events', ['kind'], unique=False)
-    op.create_index(op.f('ix_error_events_received_at'), 'error_events', ['received_at'], unique=False)
+    op.create_index(op.f('ix_error_events_chat_id'), 'error_events', ['chat_id'], unique=False, if_not_exists=True)
+    op.create_index(op.f('ix_error_events_kind'), 'error_events', ['kind'], unique=False, if_not_exists=True)
+    op.create_index(op.f('ix_error_events_received_at'), 'error_events', ['received_at'], unique=False, if_not_exists=True)
 
     op.create_table('events',
     sa.Column('id', sa.Integer(), autoincrement=True, nullable=False),
@@ -107,7 +113,8 @@ def upgrade() -> None:
     sa.Column('chat_id', sa.String(length=128), nullable=True),
     sa.Column('data', sa.JSON(), nullable=False),
     sa.PrimaryKeyConstraint('id'),
-    sqlite_autoincrement=True
+    sqlite_autoincrement=True,
+    if_not_exists=True,
     )
     op.create_table('feedback',
     sa.Column('id', sa.Integer(), nullable=False),
@@ -117,9 +124,10 @@ def upgrade() -> None:
     sa.Column('corrected', sa.Integer(), nullable=False),
     sa.Column('actor', sa.String(length=64), nullable=False),
     sa.Column('at', sa.DateTime(), nullable=False),
-    sa.PrimaryKeyConstraint('id')
+    sa.PrimaryKeyConstraint('id'),
+    if_not_exists=True,
     )
-    op.create_index(op.f('ix_feedback_chat_id'), 'feedback', ['chat_id'], unique=False)
+    op.create_index(op.f('ix_feedback_chat_id'), 'feedback', ['chat_id'], unique=False, if_not_exists=True)
 
     op.create_table('insights',
     sa.Column('id', sa.Integer(), nullable=False),
@@ -141,16 +149,18 @@ def upgrade() -> None:
     sa.Column('transcript', sa.JSON(), nullable=False),
     sa.Column('payload', sa.Text(), nullable=False),
     sa.PrimaryKeyConstraint('id'),
-    sa.UniqueConstraint('chat_id', 'window_id', name='uq_insights_chat_window')
+    sa.UniqueConstraint('chat_id', 'window_id', name='uq_insights_chat_window'),
+    if_not_exists=True,
     )
-    op.create_index(op.f('ix_insights_chat_id'), 'insights', ['chat_id'], unique=False)
+    op.create_index(op.f('ix_insights_chat_id'), 'insights', ['chat_id'], unique=False, if_not_exists=True)
 
     op.create_table('login_throttle',
     sa.Column('key', sa.String(length=200), nullable=False),
     sa.Column('failures', sa.Integer(), nullable=False),
     sa.Column('first_failure_at', sa.DateTime(), nullable=False),
     sa.Column('locked_until', sa.DateTime(), nullable=True),
-    sa.PrimaryKeyConstraint('key')
+    sa.PrimaryKeyConstraint('key'),
+    if_not_exists=True,
     )
     op.create_table('users',
     sa.Column('id', sa.Integer(), nullable=False),
@@ -161,7 +171,8 @@ def upgrade() -> None:
     sa.Column('created_at', sa.DateTime(), nullable=False),
     sa.Column('last_login_at', sa.DateTime(), nullable=True),
     sa.PrimaryKeyConstraint('id'),
-    sa.UniqueConstraint('username')
+    sa.UniqueConstraint('username'),
+    if_not_exists=True,
     )
     op.create_table('sessions',
     sa.Column('token_hash', sa.String(length=64), nullable=False),
@@ -171,10 +182,11 @@ def upgrade() -> None:
     sa.Column('expires_at', sa.DateTime(), nullable=False),
     sa.Column('ip', sa.String(length=64), nullable=True),
     sa.ForeignKeyConstraint(['user_id'], ['users.id'], ondelete='CASCADE'),
-    sa.PrimaryKeyConstraint('token_hash')
+    sa.PrimaryKeyConstraint('token_hash'),
+    if_not_exists=True,
     )
-    op.create_index(op.f('ix_sessions_expires_at'), 'sessions', ['expires_at'], unique=False)
-    op.create_index(op.f('ix_sessions_user_id'), 'sessions', ['user_id'], unique=False)
+    op.create_index(op.f('ix_sessions_expires_at'), 'sessions', ['expires_at'], unique=False, if_not_exists=True)
+    op.create_index(op.f('ix_sessions_user_id'), 'sessions', ['user_id'], unique=False, if_not_exists=True)
 
 
 
