@@ -18,6 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 ENDPOINTS = ("queue page", "queue list", "api queue", "api chat")
 
 
+@pytest.mark.slow  # bench/dashboard.py end to end: dashboard and Pub/Sub server subprocesses, both databases
 def test_quick_dashboard_bench_stores_everything_and_reports_every_figure():
     server = os.environ.get("CHATLENS_TEST_DATABASE_URL")  # the run's PostgreSQL (conftest.py)
     if not server:

@@ -211,6 +211,7 @@ def assert_exactly_once(database: Path, good: list[bytes], bad: list[bytes]) -> 
 
 
 # ---- 1. kill -9 --------------------------------------------------------------------------------------
+@pytest.mark.slow  # `chatlens pipeline` and `chatlens dashboard` subprocesses, end to end
 def test_kill_9_pipeline_mid_batch_and_dashboard_mid_store_stores_each_input_exactly_once(pubsub_server, tmp_path,
                                                                                           monkeypatch):
     from chatlens.pubsub.admin import ensure_layout
@@ -267,6 +268,7 @@ def test_kill_9_pipeline_mid_batch_and_dashboard_mid_store_stores_each_input_exa
         tap.close()
 
 
+@pytest.mark.slow  # `chatlens pipeline` and `chatlens dashboard` subprocesses, end to end
 def test_pipeline_frozen_past_its_leases_publishes_again_and_each_input_is_still_one_row(pubsub_server, tmp_path,
                                                                                         monkeypatch):
     """The duplicates a kill -9 makes only when it lands between a publish and its ack, made
@@ -362,6 +364,7 @@ def test_a_dead_letter_published_again_for_a_redelivered_input_is_one_row(tmp_pa
 
 
 # ---- 2. the Pub/Sub server restarts ------------------------------------------------------------------
+@pytest.mark.slow  # `chatlens pipeline` and `chatlens dashboard` subprocesses, end to end
 def test_pubsub_server_restart_under_running_dashboard_and_pipeline_recovers_unattended(tmp_path, monkeypatch):
     """The demo's own machinery keeps the server: its ProcessGroup starts `chatlens pubsub-emulator` again
     when it dies, and its LayoutWatchdog re-creates the layout on the empty server; the dashboard and

@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 import sentencepiece as spm
 
+from model_fixtures import gguf_metadata
 from pipeline.model.gguf_convert import CONVERTER_VERSION, _heads_in, _heads_out, read_metadata, tokenizer_proto
 from pipeline.model.sources import BASE_SPEC, GGUF_SPEC, MARKER, ModelSpecError, bundled_gguf, load_causal_lm, resolve_model
 from pipeline.model.spm_proto import model_proto_class
@@ -40,8 +41,8 @@ def gguf_path(model_cache: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def gguf_meta(gguf_path: Path) -> dict:
-    return read_metadata(gguf.GGUFReader(gguf_path))
+def gguf_meta(model_cache: Path) -> dict:
+    return gguf_metadata(model_cache)  # read once per run: the tiny Gemma's tokenizer reads it too
 
 
 def tokenize(lm, text: str) -> list[int]:

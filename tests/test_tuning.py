@@ -81,13 +81,25 @@ def test_a_tiny_tune_lowers_the_loss_and_its_adapter_reloads(tiny_lm, model_cach
     np.testing.assert_allclose(np.asarray(fresh.backbone(inputs)), np.asarray(tiny_lm.backbone(inputs)), atol=1e-5)
 
 
-def greedy_without_cache(lm, tokens: list[int], stops: set[int], limit: int) -> list[int]:
+def last_logits(lm, tokens: list[int], width: int):
+    """The logits after `tokens`, from one full forward pass (no cache).
+
+    Right-padded to `width` tokens and masked there, so that every pass has one shape: eager JAX
+    compiles each op once per shape (seconds a length), and under the causal mask the padding after
+    the last token cannot change its hidden state.
+    """
+    ids = np.zeros((1, width), "int32")
+    mask = np.zeros((1, width), bool)
+    ids[0, : len(tokens)], mask[0, : len(tokens)] = tokens, True
+    hidden = np.asarray(lm.backbone({"token_ids": ids, "padding_mask": mask}))
+    return lm.backbone.token_embedding(hidden[:, len(tokens) - 1 : len(tokens)], reverse=True)[0, 0]
+
+
+def greedy_without_cache(lm, tokens: list[int], stops: set[int], limit: int, width: int) -> list[int]:
     """Plain greedy decoding, one full forward pass per token: the reference for the one-pass loop."""
     out = []
     for _ in range(limit):
-        ids = np.array([tokens + out], "int32")
-        hidden = lm.backbone({"token_ids": ids, "padding_mask": np.ones_like(ids, bool)})
-        token = int(jnp.argmax(lm.backbone.token_embedding(hidden[:, -1:], reverse=True)[0, 0]))
+        token = int(jnp.argmax(last_logits(lm, tokens + out, width)))
         out.append(token)
         if token in stops:
             break
@@ -99,20 +111,21 @@ def test_one_pass_equals_separate_scoring_and_generation(tiny_lm, chats):
     v = decoder.vocabulary
     windows = [chats[0].window, chats[3].window]  # different lengths: left padding in one batch
     outputs = decoder._run_group([v.prompt(w)[0] for w in windows], ["all", "all"])
+    # every reference pass fits in one width: the longest prompt, its label and cue, a summary, the reply
+    width = max(len(v.prompt(w)[0]) for w in windows) + 1 + len(v.summary_cue) + 6 + len(v.reply_cue) + 4
     for window, output in zip(windows, outputs):
         prompt = v.prompt(window)[0]
-        ids = np.array([prompt], "int32")
-        hidden = tiny_lm.backbone({"token_ids": ids, "padding_mask": np.ones_like(ids, bool)})
-        logits = tiny_lm.backbone.token_embedding(hidden[:, -1:], reverse=True)[0, 0]
+        logits = last_logits(tiny_lm, prompt, width)
         expected = jax.nn.softmax(logits[np.array(v.labels)])
         np.testing.assert_allclose(output["probabilities"], np.asarray(expected), atol=1e-5)
         label = v.labels[int(np.argmax(expected))]
         head = prompt + [label, *v.summary_cue]
-        summary = greedy_without_cache(tiny_lm, head, {v.summary_end, v.eos}, 5)
+        summary = greedy_without_cache(tiny_lm, head, {v.summary_end, v.eos}, 5, width)
         reply = []
         if summary[-1] != v.eos:
             ended = summary if summary[-1] == v.summary_end else summary + [v.summary_end]
-            reply = greedy_without_cache(tiny_lm, head + ended + list(v.reply_cue), {v.eos, v.summary_end}, 4)
+            reply = greedy_without_cache(tiny_lm, head + ended + list(v.reply_cue), {v.eos, v.summary_end}, 4,
+                                         width)
         assert output["summary_tokens"] == len([t for t in summary if t not in (v.summary_end, v.eos)])
         assert output["reply_tokens"] == len([t for t in reply if t not in (v.summary_end, v.eos)])
         assert output["summary"] == decoder._finish(summary, "summary")
@@ -194,6 +207,7 @@ def test_an_adapter_is_merged_once_into_a_cached_preset_that_gives_the_tuned_log
         resolve_model(str(base_dir), tmp_path / "cache", adapter=tmp_path / "missing.lora.h5")
 
 
+@pytest.mark.slow  # the whole `chatlens tune` (train, calibrate, dev figures, publish), four times
 def test_tune_from_dashboard_learns_what_staff_taught_and_never_replaces_a_better_adapter(model_cache, tmp_path,
                                                                                           capsys):
     """`chatlens tune --from-dashboard` on a real dashboard database, end to end on a tiny preset."""
@@ -220,11 +234,12 @@ def test_tune_from_dashboard_learns_what_staff_taught_and_never_replaces_a_bette
     tiny_gemma_lm(model_cache).save_to_preset(str(preset))
     adapter = tmp_path / "tiny.lora.h5"
     tune = ["tune", "--model", str(preset), "--model-cache", str(model_cache), "--from-dashboard", database_url,
-            "--limit", "4", "--dev-limit", "2", "--epochs", "1", "--rank", "2", "--out", str(adapter),
-            "--checkpoint-dir", str(tmp_path / "ckpt")]
+            "--limit", "1", "--dev-limit", "2", "--epochs", "1", "--rank", "2", "--out", str(adapter),
+            "--checkpoint-dir", str(tmp_path / "ckpt"),
+            "--batch-tokens", "256"]  # one chat a step: no padded rows' answers through the 262k vocabulary
     assert main(tune) == 0
     manifest = json.loads(manifest_path(adapter).read_text())
-    assert manifest["training_data"]["from_dashboard"] == 2 and manifest["training_data"]["chats"] == 4 + 2
+    assert manifest["training_data"]["from_dashboard"] == 2 and manifest["training_data"]["chats"] == 1 + 2
     assert manifest["training_data"]["files"] == ["data/train.jsonl", "dashboard"]
     assert manifest["adapter_sha256"] == hashlib.sha256(adapter.read_bytes()).hexdigest()
     # The data hash covers what staff taught: another correction is another training set.

@@ -27,7 +27,7 @@ from pathlib import Path
 import httpx
 import pytest
 from app_fixtures import PASSWORD, dashboard_process, free_port, sqlite_url
-from model_fixtures import model_cache, tiny_gemma_lm  # noqa: F401 - fixture (the tiny preset's tokenizer)
+from model_fixtures import tiny_gemma_lm
 
 from chatlens.config import DEFAULT_PROJECT
 from chatlens.contracts import ChatInsight, DeadLetter
@@ -162,7 +162,8 @@ def test_packages_and_their_files_come_from_the_installed_wheel(installed):
     assert probe["adapter_sha256"] == hashlib.sha256(SHIPPED_ADAPTER.read_bytes()).hexdigest() and probe["manifest"]
 
 
-def test_analyze_runs_from_the_installed_wheel(installed, model_cache, tmp_path):  # noqa: F811
+@pytest.mark.slow  # `chatlens analyze`: a whole Beam pipeline, in a subprocess
+def test_analyze_runs_from_the_installed_wheel(installed, model_cache, tmp_path):
     """`chatlens analyze` on a tiny random Gemma (the real tokenizer, seconds): the model stage reads
     the completion prompts from the installed package; one window, one malformed line, one repeat."""
     from pipeline.prompts import load_prompts
