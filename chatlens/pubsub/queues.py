@@ -215,6 +215,11 @@ class SubscriptionQueue:
                 self.unacked += 1  # acked after it, but resent all the same
             self.unlease(later)
             later.state = Entry.READY
+            if later is not entry and later.ack_id is not None:
+                # Resent because of an earlier one: an ack of this delivery arriving now (clients
+                # send acks and nacks apart) is superseded and must not cancel the resend.
+                self.by_ack_id.pop(later.ack_id, None)
+                later.ack_id = None
         queue.delivered = index
         if index == 0:
             self._free(queue)
