@@ -22,13 +22,13 @@ test: $(STAMP) browser postgres node-client
 browser:
 	@test -x /usr/bin/chromium || { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq chromium >/dev/null; }
 
-# The PostgreSQL variants run on a throwaway server from Debian's package (tests/throwaway_postgres.py).
+# The PostgreSQL variants run on a throwaway server from Debian's package (tests/support/postgres.py).
 postgres:
 	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq postgresql >/dev/null; }
 
-# The official Node.js Pub/Sub client, pinned by tests/node_client/package-lock.json, checks the
-# emulator (tests/test_pubsub_node_client.py); Debian's nodejs and npm when node is missing.
-NODE_CLIENT := tests/node_client
+# The official Node.js Pub/Sub client, pinned by tests/chatlens/node_client/package-lock.json, checks the
+# emulator (tests/chatlens/test_pubsub_node_client.py); Debian's nodejs and npm when node is missing.
+NODE_CLIENT := tests/chatlens/node_client
 node-client: $(NODE_CLIENT)/node_modules/.installed
 
 $(NODE_CLIENT)/node_modules/.installed: $(NODE_CLIENT)/package-lock.json

@@ -2,7 +2,7 @@
 
 Everything is real: `chatlens pubsub-emulator` and `chatlens dashboard` run as subprocesses,
 insights go through the google-cloud-pubsub PublisherClient, the browsers are httpx clients
-logged in through the JSON API, PostgreSQL is a throwaway server (tests/throwaway_postgres.py).
+logged in through the JSON API, PostgreSQL is a throwaway server (tests/support/postgres.py).
 For each database in `--databases`:
 
 1. fill: a fresh database gets `--chats` minus the chats the next two steps add, written in

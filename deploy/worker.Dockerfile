@@ -7,7 +7,7 @@
 #   docker build -f deploy/worker.Dockerfile --build-arg JAX_ACCELERATOR=cuda12 -t chatlens-worker:gpu .
 #   docker build -f deploy/worker.Dockerfile --build-arg MODEL_PRESET=deploy/models/my_preset -t ... .
 #
-# The Python and Beam versions of the base image must match the project's (tests/test_deploy.py
+# The Python and Beam versions of the base image must match the project's (tests/deploy/test_deploy.py
 # checks them against pyproject.toml and the installed apache_beam).
 FROM apache/beam_python3.11_sdk:2.77.0
 

@@ -8,7 +8,7 @@ import pytest
 
 # The real-Gemma fixtures are session-scoped: registered once here, so every module shares one
 # converted model (a module that imported them would get its own copy: 2.3 GB and minutes each).
-pytest_plugins = ["model_fixtures"]
+pytest_plugins = ["tests.support.models"]
 
 
 @pytest.fixture
@@ -23,14 +23,26 @@ def pubsub_server():
         yield server.address
 
 
+@pytest.fixture
+def emulator(pubsub_server, monkeypatch):
+    """`pubsub_server` with ChatLens's topics and subscriptions in the tests' project, and
+    PUBSUB_EMULATOR_HOST pointing at it (the pipeline and replay tests' Pub/Sub)."""
+    from chatlens.pubsub.admin import ensure_layout
+    from tests.support.pipeline import PROJECT
+
+    monkeypatch.setenv("PUBSUB_EMULATOR_HOST", pubsub_server)
+    ensure_layout(PROJECT)
+    return pubsub_server
+
+
 @pytest.fixture(scope="session", autouse=True)
 def postgres_for_the_run():
     """CHATLENS_TEST_DATABASE_URL for the PostgreSQL variants: the one given, else a throwaway
-    server started for this run (tests/throwaway_postgres.py); without one they fail, never skip."""
+    server started for this run (tests/support/postgres.py); without one they fail, never skip."""
     if os.environ.get("CHATLENS_TEST_DATABASE_URL"):
         yield
         return
-    from throwaway_postgres import PostgresUnavailable, throwaway_postgres
+    from tests.support.postgres import PostgresUnavailable, throwaway_postgres
 
     try:
         with throwaway_postgres() as url:

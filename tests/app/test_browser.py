@@ -1,0 +1,153 @@
+"""The dashboard in headless Chromium: live queue, keyboard review, audit; screenshots for the docs.
+
+Everything is real: the local Pub/Sub server, the google-cloud-pubsub publisher, the
+dashboard under uvicorn with its subscribers, and Debian's Chromium driven by Playwright.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+from tests.support.app import (
+    PASSWORD,
+    dashboard_settings,
+    insight_bytes,
+    make_insight,
+    publisher,
+    running_server,
+    sample_queue,
+    staffed_database,
+    store,
+)
+
+from app.main import create_app
+from chatlens.config import DEFAULT_PROJECT, LAYOUT, topic_path
+from chatlens.pubsub.admin import ensure_layout
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+ARTIFACTS = Path(__file__).parents[1] / "artifacts"
+XSS_TEXT = "<script>alert('xss')</script> and \"><img src=x onerror=alert(1)>"
+
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.skipif(not os.path.exists(CHROMIUM), reason="needs Debian's chromium: apt-get install chromium"),
+]
+
+
+def live_insight():
+    now = datetime.now(timezone.utc)
+    return make_insight(
+        "qb-31002", "w1", -1,
+        [("customer", "Hi, my order #31002 never arrived. The app says delivered but nothing is here."),
+         ("bot", "Sorry to hear that! Let me connect you with a colleague."),
+         ("customer", "I've been waiting for over an hour and I'm starving. I want my money back.")],
+        tenant="quickbite", customer_id="cust-904412", start=now - timedelta(minutes=55), step=60 * 26,
+        summary="Order 31002 marked delivered but never arrived; customer waited over an hour and wants a refund.",
+        reply="I'm so sorry your order never reached you. I've refunded order 31002 in full; "
+              "the money will be back on your card within 3-5 days.",
+        flags=["refund_request", "missing_order"],
+    )
+
+
+def login(page, base: str, username: str) -> None:
+    page.goto(f"{base}/login")
+    page.get_by_label("Username").fill(username)
+    page.get_by_label("Password").fill(PASSWORD)
+    page.get_by_role("button", name="Log in").click()
+    page.wait_for_selector("#chat-list")
+
+
+def test_live_queue_review_and_audit_in_chromium(tmp_path, pubsub_server):
+    from playwright.sync_api import expect, sync_playwright
+
+    ensure_layout(DEFAULT_PROJECT, emulator_host=pubsub_server)
+    url, _tokens = staffed_database("sqlite", tmp_path)
+    store(url, *sample_queue(),
+          make_insight("zz-xss", "w1", 1, [("customer", XSS_TEXT)], tenant="flyway", customer_id="cust-xss",
+                       summary=f"Customer wrote {XSS_TEXT}", reply=f"Reply {XSS_TEXT}",
+                       start=datetime.now(timezone.utc) - timedelta(minutes=3)))
+    app = create_app(dashboard_settings(url, emulator=pubsub_server))
+    ARTIFACTS.mkdir(exist_ok=True)
+    dialogs: list[str] = []
+
+    with running_server(app) as base, sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        context = browser.new_context(viewport={"width": 1440, "height": 900})
+        context.grant_permissions(["clipboard-read", "clipboard-write"], origin=base)
+        context.set_default_timeout(15_000)
+        page = context.new_page()
+        page.on("dialog", lambda dialog: (dialogs.append(dialog.message), dialog.dismiss()))
+
+        login(page, base, "alice")
+        expect(page.locator("#live")).to_have_attribute("data-state", "live")
+        expect(page.locator("#feed")).to_have_attribute("data-state", "running")
+
+        # Hostile chat text stays text: visible as typed, and nothing runs.
+        page.locator('a.chat-row[data-chat-id="zz-xss"]').click()
+        expect(page.locator("#chat .messages .bubble").first).to_have_text(XSS_TEXT)
+        expect(page.locator("#draft")).to_have_value(f"Reply {XSS_TEXT}")
+        assert page.locator("#chat img").count() == 0
+
+        # A new insight published to Pub/Sub appears without a reload.
+        page.evaluate("window.__sameDocument = true")
+        client = publisher(pubsub_server)
+        client.publish(topic_path(DEFAULT_PROJECT, LAYOUT.insights_topic), insight_bytes(live_insight())).result(timeout=20)
+        new_row = page.locator('a.chat-row[data-chat-id="qb-31002"]')
+        expect(new_row).to_be_visible()
+        assert page.evaluate("window.__sameDocument") is True
+        client.stop()
+
+        # Keyboard review: open it, edit (e), approve (a), copy (c).
+        new_row.click()
+        expect(page.locator("#chat")).to_have_attribute("data-chat-id", "qb-31002")
+        expect(page).to_have_url(f"{base}/chats/qb-31002")
+        page.locator("#chat-title").click()  # focus on the page, not in a field
+        page.keyboard.press("e")
+        expect(page.locator("#draft")).to_be_focused()
+        page.keyboard.press("Control+A")
+        reply = ("I'm so sorry your order never reached you, and for the long wait. I've refunded order 31002 "
+                 "in full (back on your card within 3-5 days) and added a €10 voucher to your account.")
+        page.keyboard.type(reply)
+        page.keyboard.press("Escape")
+        page.keyboard.press("a")
+        expect(page.locator("#chat .flash.ok")).to_have_text("Reply approved.")
+        expect(page.locator("#chat")).to_have_attribute("data-status", "approved")
+        expect(page.locator("#draft")).to_have_value(reply)
+        expect(new_row.locator(".status")).to_have_text("approved")
+        page.keyboard.press("c")
+        expect(page.locator("#toast")).to_contain_text("copied")
+        assert page.evaluate("navigator.clipboard.readText()") == reply
+
+        # j/k move through the queue.
+        page.keyboard.press("j")
+        expect(page.locator("#chat")).not_to_have_attribute("data-chat-id", "qb-31002")
+        page.keyboard.press("k")
+        expect(page.locator("#chat")).to_have_attribute("data-chat-id", "qb-31002")
+        page.wait_for_timeout(300)
+        page.screenshot(path=str(ARTIFACTS / "detail.png"))
+
+        page.goto(f"{base}/")
+        expect(page.locator("#live")).to_have_attribute("data-state", "live")
+        page.screenshot(path=str(ARTIFACTS / "queue.png"))
+        assert page.goto(f"{base}/audit").status == 403  # agents do not see the audit log
+
+        # The supervisor sees the approval in the audit log, with the text before and after.
+        supervisor = browser.new_context(viewport={"width": 1440, "height": 900}).new_page()
+        supervisor.on("dialog", lambda dialog: (dialogs.append(dialog.message), dialog.dismiss()))
+        login(supervisor, base, "sam")
+        supervisor.goto(f"{base}/audit?chat_id=qb-31002&action=approve")
+        table = supervisor.locator("table.audit-table tbody")
+        expect(table.locator("tr")).to_have_count(2)  # one entry: its draft and its status changed
+        expect(table).to_contain_text("alice")
+        expect(table.locator("tr", has_text="draft").locator("td.old")).to_contain_text("in full; the money")
+        expect(table.locator("tr", has_text="draft").locator("td.new")).to_contain_text("€10 voucher")
+        expect(table.locator("tr", has_text="status").locator("td.new")).to_have_text("approved")
+        supervisor.screenshot(path=str(ARTIFACTS / "audit.png"))
+        browser.close()
+
+    assert dialogs == [], f"chat text ran as script: {dialogs}"

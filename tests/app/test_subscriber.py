@@ -1,0 +1,140 @@
+"""The dashboard's subscribers against the local Pub/Sub server, over real gRPC."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from tests.support.app import (
+    dashboard_settings,
+    insight_bytes,
+    make_insight,
+    publisher,
+    sqlite_url,
+    wait_until,
+)
+from fastapi.testclient import TestClient
+from sqlalchemy import func, select
+
+from app.main import create_app
+from app.models import ErrorEvent, Insight
+from chatlens.config import DEFAULT_PROJECT, LAYOUT, topic_path
+from chatlens.contracts import DeadLetter
+from chatlens.pubsub.admin import ensure_layout
+from chatlens.pubsub.server import EmulatorServer
+
+INSIGHTS = topic_path(DEFAULT_PROJECT, LAYOUT.insights_topic)
+DEAD_LETTERS = topic_path(DEFAULT_PROJECT, LAYOUT.deadletter_topic)
+
+
+@pytest.fixture
+def emulator(pubsub_server):
+    ensure_layout(DEFAULT_PROJECT, emulator_host=pubsub_server)
+    return pubsub_server
+
+
+@pytest.fixture
+def publish(emulator):
+    client = publisher(emulator)
+
+    def send(topic: str, *payloads: bytes) -> None:
+        for future in [client.publish(topic, payload) for payload in payloads]:
+            future.result(timeout=30)
+
+    yield send
+    client.stop()
+
+
+def rows(app, model=Insight, *where) -> int:
+    with app.state.ctx.db.read() as session:
+        return session.scalar(select(func.count()).select_from(model).where(*where))
+
+
+def insights(count: int, prefix: str = "c") -> list[bytes]:
+    return [insight_bytes(make_insight(f"{prefix}-{i}", "w1", (-1, 0, 1)[i % 3])) for i in range(count)]
+
+
+def test_500_insights_with_100_redelivered_duplicates_give_500_rows(tmp_path, emulator, publish):
+    payloads = insights(500)
+    publish(INSIGHTS, *payloads, *payloads[:100])
+    app = create_app(dashboard_settings(sqlite_url(tmp_path), emulator=emulator))
+    with TestClient(app) as client:
+        status = lambda: app.state.ctx.subscribers[0].status()  # noqa: E731
+        wait_until(lambda: status().received >= 600, 60, message="600 deliveries")
+        assert rows(app) == 500
+        assert status().outcomes == {"stored": 500, "duplicate": 100, "invalid": 0, "failed": 0}
+        assert client.get("/readyz").json()["feed"] == "running"
+        metrics = client.get("/metrics").text
+        assert "chatlens_dashboard_insights_received_total 500" in metrics
+        assert 'chatlens_dashboard_messages_received_total{outcome="duplicate",subscriber="insights"} 100' in metrics
+        assert "chatlens_dashboard_insights_stored 500" in metrics
+
+
+def test_stopping_mid_stream_and_starting_again_loses_nothing(tmp_path, emulator, publish):
+    url = sqlite_url(tmp_path)
+    first, second = insights(600, "a"), insights(200, "b")
+    publish(INSIGHTS, *first)
+    slow = {"subscriber_workers": 1, "subscriber_max_messages": 10}
+    app = create_app(dashboard_settings(url, emulator=emulator, **slow))
+    with TestClient(app):
+        wait_until(lambda: rows(app) >= 50, 30, message="the first rows")
+    stored_at_stop = rows(app)
+    assert stored_at_stop < 600, "the stop was meant to interrupt the stream"
+    publish(INSIGHTS, *second)  # published while no dashboard runs
+
+    again = create_app(dashboard_settings(url, emulator=emulator))
+    with TestClient(again):
+        wait_until(lambda: rows(again) == 800, 60, message="all 800 insights")
+        status = again.state.ctx.subscribers[0].status()
+        assert status.outcomes["failed"] == 0 and status.outcomes["invalid"] == 0
+
+
+def test_bad_messages_and_dead_letters_are_kept_for_the_errors_view(tmp_path, emulator, publish):
+    letter = DeadLetter.from_exception(b"{oops", "parse", ValueError("not JSON"), chat_id="c-7")
+    publish(INSIGHTS, b"not json at all", b'{"chat_id": "c-8", "window_id": "w1"}', insight_bytes(make_insight()))
+    publish(DEAD_LETTERS, letter.model_dump_json().encode(), b"not a dead letter")
+    app = create_app(dashboard_settings(sqlite_url(tmp_path), emulator=emulator))
+    with TestClient(app):
+        wait_until(lambda: rows(app, ErrorEvent) == 4 and rows(app) == 1, 30, message="4 error rows")
+        with app.state.ctx.db.read() as session:
+            kinds = sorted(session.scalars(select(ErrorEvent.kind)))
+        assert kinds == ["dead_letter", "invalid_dead_letter", "invalid_insight", "invalid_insight"]
+        assert rows(app, ErrorEvent, ErrorEvent.chat_id == "c-8") == 1
+        time.sleep(1.5)  # a nacked message would be back by now: each must have come exactly once
+        insights_status, letters_status = (s.status() for s in app.state.ctx.subscribers)
+        assert insights_status.outcomes["invalid"] == 2 and insights_status.received == 3
+        assert letters_status.outcomes == {"stored": 1, "duplicate": 0, "invalid": 1, "failed": 0}
+
+
+def test_subscriber_reconnects_after_the_pubsub_server_restarts(tmp_path):
+    server = EmulatorServer("localhost", 0).start()
+    replacement = None
+    try:
+        ensure_layout(DEFAULT_PROJECT, emulator_host=server.address)
+        client = publisher(server.address)
+        client.publish(INSIGHTS, insight_bytes(make_insight("before"))).result(timeout=10)
+        app = create_app(dashboard_settings(sqlite_url(tmp_path), emulator=server.address))
+        with TestClient(app) as web:
+            subscriber = app.state.ctx.subscribers[0]
+            wait_until(lambda: rows(app) == 1, 30, message="the first insight")
+
+            server.stop()
+            wait_until(lambda: subscriber.status().state == "reconnecting", 20, message="reconnecting state")
+            down = web.get("/readyz")
+            assert down.status_code == 503
+            # The open probe says that a stream failed, never the error's text (it can hold SQL parameters).
+            assert "last_error" not in down.text and any(s["has_error"] for s in down.json()["subscribers"])
+
+            # A new, empty server on the same port: the layout is created again after it starts,
+            # so the stream first finds no subscription and must be re-opened by the dashboard.
+            replacement = EmulatorServer("localhost", server.port).start()
+            ensure_layout(DEFAULT_PROJECT, emulator_host=replacement.address)
+            client.publish(INSIGHTS, insight_bytes(make_insight("after"))).result(timeout=20)
+            wait_until(lambda: rows(app) == 2, 60, message="the insight published after the restart")
+            wait_until(lambda: subscriber.status().state == "running", 20, message="running again")
+            assert web.get("/readyz").status_code == 200
+        client.stop()
+    finally:
+        server.stop()
+        if replacement is not None:
+            replacement.stop()

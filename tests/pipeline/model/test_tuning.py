@@ -1,0 +1,268 @@
+"""LoRA tuning and the one-pass decoder, on a tiny random Gemma with the real tokenizer (seconds)."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("KERAS_BACKEND", "jax")
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+from tests.support.models import tiny_gemma_lm  # noqa: E402
+from pipeline.corpus import load_split  # noqa: E402
+from pipeline.model.chat_format import training_sequence  # noqa: E402
+from pipeline.model.one_pass import OnePassDecoder  # noqa: E402
+from pipeline.model.tuning import LoraTrainer, length_batches, pack  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def chats():
+    return load_split("train")[:8]
+
+
+def sequences(decoder, chats):
+    return [training_sequence(decoder.vocabulary, e.window, e.label, e.summary, e.reply) for e in chats]
+
+
+def test_the_format_learns_answers_only(tiny_lm, chats):
+    decoder = OnePassDecoder(tiny_lm)
+    seq = sequences(decoder, chats[:1])[0]
+    prompt, _ = decoder.vocabulary.prompt(chats[0].window)
+    assert not any(seq.loss_mask[: len(prompt) - 1])  # the chat and instructions never carry loss
+    assert seq.loss_mask[len(prompt) - 1] and seq.targets[len(prompt) - 1] in decoder.vocabulary.labels
+    cue = len(prompt) + len(decoder.vocabulary.summary_cue)
+    assert not any(seq.loss_mask[len(prompt) : cue])  # the "Summary:" cue is given, not learnt
+    assert all(seq.loss_mask[cue : cue + 3])
+
+
+def test_loss_ignores_chat_targets_and_follows_answer_targets(tiny_lm, chats):
+    decoder = OnePassDecoder(tiny_lm)
+    trainer = LoraTrainer(tiny_lm.backbone, rank=4, learning_rate=1e-3, total_steps=10, seed=0)
+    seq = sequences(decoder, chats[:2])
+
+    def loss(seqs):
+        return trainer.loss(iter([pack(seqs)]))
+
+    base = loss(seq)
+    first = seq[0]
+    chat_changed = type(first)(first.token_ids, [t + 1 if not m else t for t, m in zip(first.targets, first.loss_mask)],
+                               first.loss_mask)
+    assert loss([chat_changed, seq[1]]) == pytest.approx(base, abs=1e-6)
+    answer = [i for i, learnt in enumerate(first.loss_mask) if learnt][3]  # a summary token
+    answer_changed = type(first)(first.token_ids, first.targets[:answer] + [first.targets[answer] + 1]
+                                 + first.targets[answer + 1 :], first.loss_mask)
+    assert abs(loss([answer_changed, seq[1]]) - base) > 1e-4
+
+
+def test_a_tiny_tune_lowers_the_loss_and_its_adapter_reloads(tiny_lm, model_cache, chats, tmp_path):
+    decoder = OnePassDecoder(tiny_lm)
+    seqs = sequences(decoder, chats)
+    batches = [pack([seqs[i] for i in b]) for b in length_batches(seqs, 4096, seed=0)]
+    epochs = 6
+    trainer = LoraTrainer(tiny_lm.backbone, rank=4, learning_rate=1e-1, total_steps=epochs * len(batches), seed=0,
+                          warmup_steps=1)
+    before = trainer.loss(iter(batches))
+    for _ in range(epochs):
+        for batch in batches:
+            trainer.step(batch)
+    after = trainer.loss(iter(batches))
+    # A random 32-wide model is near-uniform over 262,144 tokens (loss ~ ln 262144 = 12.48) and its
+    # final norm bounds how far LoRA on attention can move it: a small drop, but a deterministic one.
+    assert after < before - 5e-3, (before, after)
+    trainer.sync()
+    adapter = tmp_path / "tiny.lora.h5"
+    tiny_lm.backbone.save_lora_weights(str(adapter))
+    fresh = tiny_gemma_lm(model_cache)  # same seed: the same base weights
+    fresh.backbone.load_lora_weights(str(adapter))
+    inputs = {"token_ids": batches[0].token_ids, "padding_mask": batches[0].padding_mask}
+    np.testing.assert_allclose(np.asarray(fresh.backbone(inputs)), np.asarray(tiny_lm.backbone(inputs)), atol=1e-5)
+
+
+def last_logits(lm, tokens: list[int], width: int):
+    """The logits after `tokens`, from one full forward pass (no cache).
+
+    Right-padded to `width` tokens and masked there, so that every pass has one shape: eager JAX
+    compiles each op once per shape (seconds a length), and under the causal mask the padding after
+    the last token cannot change its hidden state.
+    """
+    ids = np.zeros((1, width), "int32")
+    mask = np.zeros((1, width), bool)
+    ids[0, : len(tokens)], mask[0, : len(tokens)] = tokens, True
+    hidden = np.asarray(lm.backbone({"token_ids": ids, "padding_mask": mask}))
+    return lm.backbone.token_embedding(hidden[:, len(tokens) - 1 : len(tokens)], reverse=True)[0, 0]
+
+
+def greedy_without_cache(lm, tokens: list[int], stops: set[int], limit: int, width: int) -> list[int]:
+    """Plain greedy decoding, one full forward pass per token: the reference for the one-pass loop."""
+    out = []
+    for _ in range(limit):
+        token = int(jnp.argmax(last_logits(lm, tokens + out, width)))
+        out.append(token)
+        if token in stops:
+            break
+    return out
+
+
+def test_one_pass_equals_separate_scoring_and_generation(tiny_lm, chats):
+    decoder = OnePassDecoder(tiny_lm, summary_tokens=5, reply_tokens=4)
+    v = decoder.vocabulary
+    windows = [chats[0].window, chats[3].window]  # different lengths: left padding in one batch
+    outputs = decoder._run_group([v.prompt(w)[0] for w in windows], ["all", "all"])
+    # every reference pass fits in one width: the longest prompt, its label and cue, a summary, the reply
+    width = max(len(v.prompt(w)[0]) for w in windows) + 1 + len(v.summary_cue) + 6 + len(v.reply_cue) + 4
+    for window, output in zip(windows, outputs):
+        prompt = v.prompt(window)[0]
+        logits = last_logits(tiny_lm, prompt, width)
+        expected = jax.nn.softmax(logits[np.array(v.labels)])
+        np.testing.assert_allclose(output["probabilities"], np.asarray(expected), atol=1e-5)
+        label = v.labels[int(np.argmax(expected))]
+        head = prompt + [label, *v.summary_cue]
+        summary = greedy_without_cache(tiny_lm, head, {v.summary_end, v.eos}, 5, width)
+        reply = []
+        if summary[-1] != v.eos:
+            ended = summary if summary[-1] == v.summary_end else summary + [v.summary_end]
+            reply = greedy_without_cache(tiny_lm, head + ended + list(v.reply_cue), {v.eos, v.summary_end}, 4,
+                                         width)
+        assert output["summary_tokens"] == len([t for t in summary if t not in (v.summary_end, v.eos)])
+        assert output["reply_tokens"] == len([t for t in reply if t not in (v.summary_end, v.eos)])
+        assert output["summary"] == decoder._finish(summary, "summary")
+        assert output["reply"] == (None if summary[-1] == v.eos else decoder._finish(reply, "reply"))
+
+
+def test_reply_for_negative_replies_where_the_label_comes_out_negative(tiny_lm, chats):
+    decoder = OnePassDecoder(tiny_lm, summary_tokens=3, reply_tokens=2)
+    outputs = decoder.run([c.window for c in chats], ["negative"] * len(chats))
+    negative = [max(range(3), key=o.probabilities.__getitem__) == 0 for o in outputs]
+    assert [o.reply is not None for o in outputs] == negative
+    assert all(o.reply is None for o in decoder.run([c.window for c in chats], ["none"] * len(chats)))
+    with pytest.raises(ValueError, match="reply_for"):
+        decoder.run([chats[0].window], ["sometimes"])
+
+
+def test_the_calibration_moves_the_label_and_the_reply_decision_and_only_rescales_confidence(tiny_lm, chats):
+    from pipeline.model.calibration import LabelCalibration
+
+    windows = [c.window for c in chats]
+    plain = OnePassDecoder(tiny_lm, summary_tokens=3, reply_tokens=2)
+    raw = np.array([o.label_logits for o in plain.run(windows, label_only=True)])
+    assert all(o.summary == "" and o.reply is None for o in plain.run(windows, ["all"] * 8, label_only=True))
+    np.testing.assert_allclose(raw, [o.label_logits for o in plain.run(windows, ["all"] * 8)], atol=1e-5)
+    calibration = LabelCalibration(bias=(50.0, 0.0, 0.0), temperature=3.0)  # everything negative
+    biased = OnePassDecoder(tiny_lm, summary_tokens=3, reply_tokens=2, calibration=calibration)
+    outputs = biased.run(windows, ["negative"] * 8)
+    np.testing.assert_allclose([o.probabilities for o in outputs], calibration.probabilities(raw), atol=1e-5)
+    assert all(o.probabilities[0] > 0.99 and o.reply is not None for o in outputs)  # the fed label is the biased one
+
+
+def test_fitting_a_calibration_finds_the_missed_class_and_honest_confidence():
+    from pipeline.model.calibration import LabelCalibration, fit, macro_f1
+
+    rng = np.random.default_rng(0)
+    gold = rng.integers(-1, 2, 600)
+    logits = rng.normal(0, 1, (600, 3)) + 2.0 * np.eye(3)[gold + 1]
+    logits[:, 1] += 1.5  # a model that leans to neutral
+    before = macro_f1(gold + 1, logits.argmax(1))
+    fitted = fit(logits, gold)
+    assert fitted.bias[1] == 0 and fitted.bias[0] > 0.5 and fitted.bias[2] > 0.5
+    assert macro_f1(gold + 1, fitted.probabilities(logits).argmax(1)) > before + 0.1
+    probabilities = fitted.probabilities(logits)
+    confidence, correct = probabilities.max(1), probabilities.argmax(1) == gold + 1
+    assert abs(confidence.mean() - correct.mean()) < 0.05  # the temperature makes confidence match accuracy
+    assert LabelCalibration.from_json(fitted.to_json()) == fitted and LabelCalibration.from_json(None) == LabelCalibration()
+
+
+def test_an_adapter_is_merged_once_into_a_cached_preset_that_gives_the_tuned_logits(model_cache, tmp_path):
+    import json
+
+    from pipeline.model.calibration import LabelCalibration
+    from pipeline.model.sources import ModelSpecError, manifest_path, resolve_model
+
+    base_dir = tmp_path / "tiny-base"
+    tiny_gemma_lm(model_cache).save_to_preset(str(base_dir))
+    tuned = tiny_gemma_lm(model_cache)
+    tuned.backbone.enable_lora(4)
+    for variable in tuned.backbone.trainable_variables:  # a LoRA that changes something (B starts at zero)
+        variable.assign(np.random.default_rng(0).normal(0, 0.5, variable.shape).astype("float32"))
+    adapter = tmp_path / "support-v1.lora.h5"
+    tuned.backbone.save_lora_weights(str(adapter))
+
+    source = resolve_model(str(base_dir), tmp_path / "cache", adapter=adapter)
+    assert source.converted and source.tuned and source.model_id.startswith("tiny-base+support-v1@")
+    merged = source.load()
+    assert not any("lora" in w.path for w in merged.backbone.weights)  # folded in: no LoRA cost per token
+    ids = np.array([[2, 651, 6037, 563, 496, 1638]], "int32")
+    inputs = {"token_ids": ids, "padding_mask": np.ones_like(ids, bool)}
+    np.testing.assert_allclose(np.asarray(merged.backbone(inputs)), np.asarray(tuned.backbone(inputs)), atol=1e-4)
+    again = resolve_model(str(base_dir), tmp_path / "cache", adapter=adapter)
+    assert not again.converted and again.preset == source.preset  # merged once, then loaded from the cache
+    # The label calibration in the adapter's manifest travels with it, and is part of its version.
+    manifest_path(adapter).write_text(json.dumps({"label_calibration": {"bias": [1.5, 0, -0.5], "temperature": 2.0}}))
+    calibrated = resolve_model(str(base_dir), tmp_path / "cache", adapter=adapter)
+    assert calibrated.calibration == LabelCalibration((1.5, 0.0, -0.5), 2.0) and calibrated.model_id != source.model_id
+    assert resolve_model(calibrated.preset, tmp_path / "cache").calibration == calibrated.calibration  # a baked preset
+    with pytest.raises(ModelSpecError, match="lora.h5"):
+        resolve_model(str(base_dir), tmp_path / "cache", adapter=tmp_path / "missing.lora.h5")
+
+
+@pytest.mark.slow  # the whole `chatlens tune` (train, calibrate, dev figures, publish), four times
+def test_tune_from_dashboard_learns_what_staff_taught_and_never_replaces_a_better_adapter(model_cache, tmp_path,
+                                                                                          capsys):
+    """`chatlens tune --from-dashboard` on a real dashboard database, end to end on a tiny preset."""
+    import hashlib
+    import json
+
+    from tests.support.app import T0, dashboard_settings, make_insight, sign_in, staffed_database, store
+    from fastapi.testclient import TestClient
+
+    from app.main import create_app
+    from cli.main import main
+    from pipeline.model.sources import manifest_path
+
+    database_url, tokens = staffed_database("sqlite", tmp_path)
+    store(database_url, make_insight("taught-label", sentiment=1, start=T0),
+          make_insight("taught-reply", sentiment=-1, start=T0), make_insight("untouched", sentiment=0, start=T0))
+    with TestClient(create_app(dashboard_settings(database_url))) as client:
+        staff = sign_in(client, tokens, "alice")
+        assert staff.post("/api/chats/taught-label/sentiment", json={"corrected": "negative"}).status_code == 200
+        version = staff.get("/api/chats/taught-reply").json()["version"]
+        assert staff.put("/api/chats/taught-reply/draft", json={"text": "So sorry, a refund is on its way.",
+                                                               "version": version}).status_code == 200
+    preset = tmp_path / "tiny-preset"
+    tiny_gemma_lm(model_cache).save_to_preset(str(preset))
+    adapter = tmp_path / "tiny.lora.h5"
+    tune = ["tune", "--model", str(preset), "--model-cache", str(model_cache), "--from-dashboard", database_url,
+            "--limit", "1", "--dev-limit", "2", "--epochs", "1", "--rank", "2", "--out", str(adapter),
+            "--checkpoint-dir", str(tmp_path / "ckpt"),
+            "--batch-tokens", "256"]  # one chat a step: no padded rows' answers through the 262k vocabulary
+    assert main(tune) == 0
+    manifest = json.loads(manifest_path(adapter).read_text())
+    assert manifest["training_data"]["from_dashboard"] == 2 and manifest["training_data"]["chats"] == 1 + 2
+    assert manifest["training_data"]["files"] == ["data/train.jsonl", "dashboard"]
+    assert manifest["adapter_sha256"] == hashlib.sha256(adapter.read_bytes()).hexdigest()
+    # The data hash covers what staff taught: another correction is another training set.
+    with TestClient(create_app(dashboard_settings(database_url))) as client:
+        sign_in(client, tokens, "alice").post("/api/chats/untouched/sentiment", json={"corrected": "positive"})
+    # The current adapter claims a better dev macro-F1 than this run can reach: it stays.
+    manifest["dev"]["sentiment"]["macro_f1"] = 1.01
+    manifest_path(adapter).write_text(json.dumps(manifest))
+    before = adapter.read_bytes()
+    capsys.readouterr()
+    assert main(tune) == 3
+    assert "not replacing the current adapter: dev figures fell: sentiment macro_f1 1.01 ->" in capsys.readouterr().err
+    assert adapter.read_bytes() == before
+    assert json.loads(manifest_path(adapter).read_text())["dev"]["sentiment"]["macro_f1"] == 1.01
+    # --force replaces it, and the new manifest counts the third taught chat and hashes other data.
+    assert main(tune + ["--force"]) == 0
+    replaced = json.loads(manifest_path(adapter).read_text())
+    assert replaced["training_data"]["from_dashboard"] == 3
+    assert replaced["training_data"]["sha256"] != manifest["training_data"]["sha256"]
+    assert set(replaced["label_calibration"]) == {"bias", "temperature", "fitted_on"}
+    # --recalibrate refits the calibration and the dev figures; the adapter and its history stay.
+    weights = adapter.read_bytes()
+    assert main(tune + ["--recalibrate", "--force"]) == 0
+    recalibrated = json.loads(manifest_path(adapter).read_text())
+    assert adapter.read_bytes() == weights and recalibrated["adapter_sha256"] == replaced["adapter_sha256"]
+    assert recalibrated["history"] == replaced["history"] and recalibrated["training_data"] == replaced["training_data"]
