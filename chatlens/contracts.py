@@ -168,6 +168,11 @@ class ChatInsight(ChatAnalysis, _InsightWindow):
     transcript: Annotated[list[ChatMessage], Field(min_length=1, max_length=MAX_WINDOW_MESSAGES)]
 
 
+def shorten_error(message: str) -> str:
+    """An error message that fits a DeadLetter, visibly cut when it had to be."""
+    return message if len(message) <= MAX_ERROR_CHARS else message[: MAX_ERROR_CHARS - 15] + " … (shortened)"
+
+
 class DeadLetter(_Contract):
     """A message ChatLens could not analyse, with the reason: nothing read is ever lost."""
 
@@ -185,15 +190,12 @@ class DeadLetter(_Contract):
         cls, payload: bytes, stage: str, error: BaseException, attributes: dict[str, str] | None = None,
         chat_id: str | None = None,
     ) -> DeadLetter:
-        message = str(error)
-        if len(message) > MAX_ERROR_CHARS:
-            message = message[: MAX_ERROR_CHARS - 15] + " … (shortened)"
         return cls(
             payload=payload,
             attributes=dict(attributes or {}),
             stage=stage,
             error_class=type(error).__name__,
-            error_message=message,
+            error_message=shorten_error(str(error)),
             chat_id=chat_id,
             failed_at=datetime.now(timezone.utc),
         )

@@ -236,19 +236,19 @@ class PipelineConfig:
     def subscription_path(self) -> str:
         from chatlens.config import subscription_path
 
-        return _path(self.subscription, self.project, "subscriptions", subscription_path)
+        return _path(self.subscription, self.project, subscription_path)
 
     @property
     def results_topic_path(self) -> str:
         from chatlens.config import topic_path
 
-        return _path(self.results_topic, self.project, "topics", topic_path)
+        return _path(self.results_topic, self.project, topic_path)
 
     @property
     def deadletter_topic_path(self) -> str:
         from chatlens.config import topic_path
 
-        return _path(self.deadletter_topic, self.project, "topics", topic_path)
+        return _path(self.deadletter_topic, self.project, topic_path)
 
     def model_resource_hints(self) -> dict[str, str]:
         hints = {}
@@ -275,7 +275,8 @@ class PipelineConfig:
         return cls(**values)
 
 
-def _path(name: str, project: str, kind: str, make) -> str:
+def _path(name: str, project: str, make) -> str:
+    """A full resource path: `name` as given, or made from the project and a short name."""
     return name if name.startswith("projects/") else make(project, name)
 
 

@@ -27,7 +27,7 @@ from typing import Any
 from apache_beam.ml.inference.base import ModelHandler, PredictionResult
 from apache_beam.utils import shared
 
-from pipeline.model.analysis import REPLY_FOR, chat_of
+from pipeline.model.analysis import REPLY_FOR, chat_of, text_bytes
 from pipeline.model.backends import default
 from pipeline.model.backends.base import DEFAULT_MODEL
 from pipeline.model.tasks import Task
@@ -159,7 +159,7 @@ class GemmaModelHandler(ModelHandler[Any, Any, Any]):
         return [PredictionResult(example, analysis, analysis.model_id) for example, analysis in zip(batch, analyses)]
 
     def get_num_bytes(self, batch: Sequence[Any]) -> int:
-        return sum(len(m.text.encode("utf-8")) for element in batch for m in chat_of(element).messages)
+        return text_bytes(batch)
 
     def get_metrics_namespace(self) -> str:
         return f"chatlens_{self._task}"

@@ -48,7 +48,7 @@ from typing import Any
 from apache_beam.ml.inference.base import PredictionResult, RemoteModelHandler
 
 from chatlens.contracts import MAX_REPLY_CHARS, MAX_SUMMARY_CHARS, SENTIMENT_LABELS
-from pipeline.model.analysis import REPLY_FOR, WindowAnalysis, chat_of, wants_reply
+from pipeline.model.analysis import REPLY_FOR, WindowAnalysis, chat_of, text_bytes, wants_reply
 from pipeline.model.backends import default
 from pipeline.model.generation import clean_completion
 from pipeline.model.tasks import Task
@@ -411,7 +411,7 @@ class OpenAIChatModelHandler(RemoteModelHandler[Any, PredictionResult, OpenAICha
         return self._batching_kwargs
 
     def get_num_bytes(self, batch: Sequence[Any]) -> int:
-        return sum(len(m.text.encode("utf-8")) for example in batch for m in chat_of(example).messages)
+        return text_bytes(batch)
 
     def get_metrics_namespace(self) -> str:
         return "chatlens_remote"

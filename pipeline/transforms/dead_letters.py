@@ -9,7 +9,7 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime, timezone
 from typing import Any
 
-from chatlens.contracts import MAX_ERROR_CHARS, MAX_PAYLOAD_BYTES, SCHEMA_VERSION, DeadLetter
+from chatlens.contracts import MAX_ERROR_CHARS, MAX_PAYLOAD_BYTES, SCHEMA_VERSION, DeadLetter, shorten_error
 from pipeline.metrics import Counter
 from pipeline.transforms.records import Output, utc
 
@@ -36,14 +36,12 @@ def dead_letter(
     if len(payload) > MAX_DEAD_LETTER_PAYLOAD:
         error_message = f"{error_message} (payload cut from {len(payload)} to {MAX_DEAD_LETTER_PAYLOAD} bytes)"
         payload = payload[:MAX_DEAD_LETTER_PAYLOAD]
-    if len(error_message) > MAX_ERROR_CHARS:
-        error_message = error_message[: MAX_ERROR_CHARS - 15] + " … (shortened)"
     letter = DeadLetter(
         payload=payload,
         attributes=dict(attributes or {}),
         stage=stage,
         error_class=error_class[:200] or "Error",
-        error_message=error_message,
+        error_message=shorten_error(error_message),
         chat_id=chat_id,
         failed_at=datetime.now(timezone.utc),
     )
