@@ -1,8 +1,8 @@
 """The model backends: what the pipeline's model stage runs (`--model-stage NAME`).
 
 One module per backend declares its options and builds its Beam ModelHandler per task;
-this registry lists them. Adding a backend is one module here (a `Backend` subclass and
-its `BACKEND`), one line below, and its tests. `keyed.py` turns the chosen backend into
+this registry finds them: every module here that has a `BACKEND`. Adding a backend is one
+module here (a `Backend` subclass and its `BACKEND`) and its tests. `keyed.py` turns the chosen backend into
 the keyed handler RunInference gets (routing, per-tenant models, model watch).
 
 Options flow one way: `pipeline.options` collects the rows from here (each backend's own
@@ -12,12 +12,26 @@ no code there naming them); nothing here imports `pipeline.options`.
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
 from typing import Any
 
-from pipeline.model.backends import gemma, noop, remote
 from pipeline.model.backends.base import DEFAULT_BACKEND, SHARED_OPTIONS, Backend, Option
 
-BACKENDS: dict[str, Backend] = {b.name: b for b in (gemma.BACKEND, remote.BACKEND, noop.BACKEND)}
+
+def _discover() -> dict[str, Backend]:
+    """Each module of this package with a `BACKEND`, by its `listed` rank (then name)."""
+    found = []
+    for module in pkgutil.iter_modules(__path__):
+        if module.name in ("base", "keyed"):  # the framework, not backends (keyed uses this registry)
+            continue
+        chosen = getattr(importlib.import_module(f"{__name__}.{module.name}"), "BACKEND", None)
+        if isinstance(chosen, Backend):
+            found.append(chosen)
+    return {b.name: b for b in sorted(found, key=lambda b: (b.listed, b.name))}
+
+
+BACKENDS: dict[str, Backend] = _discover()
 assert DEFAULT_BACKEND in BACKENDS
 
 

@@ -76,11 +76,13 @@ class Backend:
     rows only this backend reads: each becomes a PipelineConfig field and reaches `check`
     and `handler` as `settings.options[dest]`), `tasks` (what its handler can do) and say
     whether the generic model stage may route tenants to models of their own
-    (`tenant_models`) or watch for new presets (`model_watch`) with it.
+    (`tenant_models`) or watch for new presets (`model_watch`) with it. `listed` orders
+    the backends in --model-stage's help and the options reference (lower first).
     """
 
     name: ClassVar[str]
     help: ClassVar[str]
+    listed: ClassVar[int] = 50
     options: ClassVar[tuple[Option, ...]] = ()
     tasks: ClassVar[tuple[Task, ...]] = (Task.ANALYZE,)
     tenant_models: ClassVar[bool] = False

@@ -30,6 +30,7 @@ OPTIONS: tuple[Option, ...] = (
 
 class GemmaBackend(Backend):
     name = "gemma"
+    listed = 0
     help = "Gemma on the worker"
     options = OPTIONS
     tasks = (Task.ANALYZE, Task.SENTIMENT)

@@ -12,6 +12,7 @@ from pipeline.model.tasks import Task
 
 class NoopBackend(Backend):
     name = "noop"
+    listed = 90
     help = ("a benchmarking baseline for bench/e2e.py that keeps the RunInference stages but answers every "
             "window at once with a fixed neutral analysis (model_id noop-baseline), to measure the pipeline's "
             "own overhead; never for real traffic")

@@ -20,6 +20,7 @@ OPTIONS: tuple[Option, ...] = (
 
 class RemoteBackend(Backend):
     name = "remote"
+    listed = 10
     help = "an OpenAI-compatible endpoint (--remote-url, --remote-model)"
     options = OPTIONS
     tasks = (Task.ANALYZE,)

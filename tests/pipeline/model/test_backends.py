@@ -223,7 +223,7 @@ class EchoBackend(Backend):
         return EchoHandler(settings.options["echo_greeting"] * settings.options["echo_times"])
 
 
-BACKENDS["echo"] = EchoBackend()  # the registry line a new backend adds; pipeline.options is imported after it
+BACKENDS["echo"] = EchoBackend()  # what discovery does for a module in backends/ (the checkout stays untouched); pipeline.options is imported after it
 
 from pipeline.options import PipelineConfig, beam_options, chatlens_options_class
 from pipeline.streaming import add_arguments
@@ -271,3 +271,15 @@ def test_a_new_backends_option_reaches_the_config_beam_and_its_handler(tmp_path)
     assert seen["config"] == ["hi", 2] and seen["default"] == "hello" and seen["beam"] == "hi"
     assert seen["answer"] == [DEFAULT_ROUTE, "hihi, there"]
     assert seen["problem"] == "--echo-times must be at least 1"
+
+
+def test_the_registry_finds_every_backend_module_in_its_listed_order():
+    """A backend is registered by being a module of pipeline/model/backends/ with a BACKEND."""
+    from pathlib import Path
+
+    import pipeline.model.backends as package
+    from pipeline.model.backends import BACKENDS
+
+    modules = {p.stem for p in Path(package.__file__).parent.glob("*.py")} - {"__init__", "base", "keyed"}
+    assert {type(b).__module__.rsplit(".", 1)[1] for b in BACKENDS.values()} == modules
+    assert list(BACKENDS) == ["gemma", "remote", "noop"]  # --model-stage's help and the reference keep this order
