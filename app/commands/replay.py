@@ -39,12 +39,13 @@ def plan(session, stages, since_id: int, limit: int, again: bool) -> list[tuple[
     """(dead letter row, input topic id or None, why) for each candidate, oldest first."""
     from sqlalchemy import select
 
+    from app.crud.errors import DEAD_LETTER
     from app.models import AuditEntry, ErrorEvent
     from chatlens.config import LAYOUT
     from chatlens.contracts import ContractError, parse_message, parse_window
 
     rows = session.scalars(
-        select(ErrorEvent).where(ErrorEvent.kind == "dead_letter", ErrorEvent.stage.in_(stages),
+        select(ErrorEvent).where(ErrorEvent.kind == DEAD_LETTER, ErrorEvent.stage.in_(stages),
                                  ErrorEvent.id > since_id).order_by(ErrorEvent.id).limit(limit))
     replayed = set() if again else {
         entry.before.get("dead_letter_id") for entry in session.scalars(

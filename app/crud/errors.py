@@ -7,7 +7,9 @@ from sqlalchemy.orm import Session
 from app.crud import logs
 from app.models import ErrorEvent
 
-KINDS = ("dead_letter", "invalid_insight", "invalid_dead_letter")
+DEAD_LETTER, INVALID_INSIGHT, INVALID_DEAD_LETTER = "dead_letter", "invalid_insight", "invalid_dead_letter"
+KINDS = (DEAD_LETTER, INVALID_INSIGHT, INVALID_DEAD_LETTER)
+"""What an error row is: a pipeline dead letter, or a message that was not its topic's contract."""
 
 
 def list_errors(session: Session, kind: str | None = None, limit: int = 200,

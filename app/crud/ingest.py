@@ -20,6 +20,7 @@ from sqlalchemy import JSON, select
 from sqlalchemy.exc import IntegrityError
 
 from app.crud import audit, events, search
+from app.crud.errors import DEAD_LETTER, INVALID_DEAD_LETTER, INVALID_INSIGHT
 from app.db import Database
 from app.models import CHAT_WINDOW_COPY, Chat, ErrorEvent, Insight, utcnow
 from app import sentiments
@@ -174,7 +175,7 @@ def ingest_insight(db: Database, data: bytes, *, message_id: str | None = None,
     try:
         insight = ChatInsight.model_validate_json(data)
     except ValidationError as error:
-        return _store_invalid(db, "insights", "invalid_insight", ChatInsight, data, error, message_id=message_id,
+        return _store_invalid(db, "insights", INVALID_INSIGHT, ChatInsight, data, error, message_id=message_id,
                               attributes=attributes, received_at=received_at)
     for attempt in range(INTEGRITY_RETRIES):
         try:
@@ -215,13 +216,13 @@ def ingest_dead_letter(db: Database, data: bytes, *, message_id: str | None = No
     try:
         letter = DeadLetter.model_validate_json(data)
     except ValidationError as error:
-        return _store_invalid(db, "deadletter", "invalid_dead_letter", DeadLetter, data, error, message_id=message_id,
+        return _store_invalid(db, "deadletter", INVALID_DEAD_LETTER, DeadLetter, data, error, message_id=message_id,
                               attributes=attributes, received_at=received_at)
     pubsub = {f"pubsub.{name}": value for name, value in (attributes or {}).items()}
     key = dead_letter_key(letter, attributes)
     if key and message_id:
         pubsub["pubsub.message_id"] = message_id
-    return store_error(db, source="deadletter", kind="dead_letter", payload=letter.payload,
+    return store_error(db, source="deadletter", kind=DEAD_LETTER, payload=letter.payload,
                        stage=letter.stage, error_class=letter.error_class,
                        error_message=letter.error_message, chat_id=letter.chat_id,
                        failed_at=letter.failed_at, message_id=key or message_id,

@@ -54,7 +54,6 @@ def chat_of(example: Any) -> ChatWindow:
     return example if isinstance(example, ChatWindow) else example.chat
 
 
-
 def text_bytes(batch: Sequence[Any]) -> int:
     """The chat text in a model-stage batch, in UTF-8 bytes: what its handlers report to Beam."""
     return sum(len(m.text.encode("utf-8")) for example in batch for m in chat_of(example).messages)

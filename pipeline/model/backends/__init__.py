@@ -2,8 +2,9 @@
 
 One module per backend declares its options and builds its Beam ModelHandler per task;
 this registry finds them: every module here that has a `BACKEND`. Adding a backend is one
-module here (a `Backend` subclass and its `BACKEND`) and its tests. `keyed.py` turns the chosen backend into
-the keyed handler RunInference gets (routing, per-tenant models, model watch).
+module here (a `Backend` subclass and its `BACKEND`) and its tests. `keyed.py` turns the
+chosen backend into the keyed handler RunInference gets (routing, per-tenant models, model
+watch).
 
 Options flow one way: `pipeline.options` collects the rows from here (each backend's own
 rows become PipelineConfig fields and reach the backend as `ModelBackend.options`, with
