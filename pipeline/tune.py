@@ -11,6 +11,8 @@ confidence) is fitted on dev, and the run ends with the dev figures of the calib
 adapter at `--out` and re-measures its dev figures. An existing adapter at `--out` is replaced only if
 no dev figure falls (`--force` replaces it anyway); the run says which figure fell.
 A checkpoint is written every `--checkpoint-every` steps; `--resume` continues from it.
+`--start-from` begins at an earlier adapter instead of a fresh LoRA, so an adapter can gain
+epochs a run at a time (its manifest keeps the earlier runs under `started_from`).
 """
 
 from __future__ import annotations
@@ -61,6 +63,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="where checkpoints go (default: %(default)s)")
     parser.add_argument("--checkpoint-every", type=int, default=25, help="steps between checkpoints (default: %(default)s)")
     parser.add_argument("--resume", action="store_true", help="continue from the checkpoint in --checkpoint-dir")
+    parser.add_argument("--start-from", type=Path, metavar="ADAPTER",
+                        help="begin at this adapter's LoRA weights (tuned with the same --rank on the same base) "
+                             "instead of a fresh LoRA: more epochs for an adapter, a run at a time")
     parser.add_argument("--force", action="store_true", help="replace the adapter even if a dev figure falls")
     parser.add_argument("--recalibrate", action="store_true",
                         help="no training: refit the label calibration of the adapter at --out on dev and "
@@ -152,6 +157,7 @@ def train(args: argparse.Namespace, lm, engine, dev: list[Example]) -> dict:
     progress = {"step": 0, "history": []}
     if not args.resume:
         best_epoch.unlink(missing_ok=True)  # from an earlier run
+    started_from = start_from(args, trainer) if args.start_from else None
     if args.resume and checkpoint.exists():
         arrays = dict(np.load(checkpoint))
         progress = json.loads(str(arrays.pop("progress")))
@@ -207,10 +213,28 @@ def train(args: argparse.Namespace, lm, engine, dev: list[Example]) -> dict:
                             "batch_tokens": args.batch_tokens, "optimizer": "AdamW, cosine decay, 5% warm-up",
                             "max_prompt_tokens": engine.decoder.max_prompt_tokens},
         "seed": args.seed,
+        **({"started_from": started_from} if started_from else {}),
         "history": progress["history"],
         "chosen_epoch": chosen,
         "train_seconds": round(progress.get("train_seconds", 0.0), 1),  # optimizer steps, over every --resume
     }
+
+
+def start_from(args: argparse.Namespace, trainer) -> dict:
+    """Load the adapter of `--start-from` into the trainer; what the manifest says of it (its own
+    training, so the chain of runs behind an adapter stays on record)."""
+    try:
+        earlier = json.loads(manifest_path(args.start_from).read_text())
+    except FileNotFoundError:
+        raise SystemExit(f"--start-from: no manifest beside {args.start_from}") from None
+    if earlier["hyperparameters"]["rank"] != args.rank:
+        raise SystemExit(f"--start-from: that adapter has rank {earlier['hyperparameters']['rank']}, "
+                         f"this run --rank {args.rank}")
+    if earlier.get("base_spec") not in (None, args.model):
+        raise SystemExit(f"--start-from: that adapter was tuned on {earlier['base_spec']}, this run on {args.model}")
+    trainer.start_from(str(args.start_from))
+    return {key: earlier[key] for key in ("adapter", "adapter_sha256", "training_data", "hyperparameters", "seed",
+                                          "history", "chosen_epoch", "train_seconds", "started_from") if key in earlier}
 
 
 def calibrate(engine, dev: list[Example]) -> dict:

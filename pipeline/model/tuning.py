@@ -173,6 +173,11 @@ class LoraTrainer:
             total, count = total + mean * n, count + n
         return total / count if count else float("nan")
 
+    def start_from(self, adapter: str) -> None:
+        """Begin at a saved adapter's LoRA weights (same rank) instead of a fresh LoRA."""
+        self.backbone.load_lora_weights(adapter)
+        self.trainable = [v.value for v in self.backbone.trainable_variables]
+
     def sync(self) -> None:
         """Write the trained values back into the Keras variables (before saving or decoding)."""
         for variable, value in zip(self.backbone.trainable_variables, self.trainable):

@@ -79,6 +79,11 @@ def test_a_tiny_tune_lowers_the_loss_and_its_adapter_reloads(tiny_lm, model_cach
     fresh.backbone.load_lora_weights(str(adapter))
     inputs = {"token_ids": batches[0].token_ids, "padding_mask": batches[0].padding_mask}
     np.testing.assert_allclose(np.asarray(fresh.backbone(inputs)), np.asarray(tiny_lm.backbone(inputs)), atol=1e-5)
+    # A later run can begin where this one ended (`chatlens tune --start-from`).
+    resumed = LoraTrainer(tiny_gemma_lm(model_cache).backbone, rank=4, learning_rate=1e-1, total_steps=1, seed=1)
+    assert resumed.loss(iter(batches)) == pytest.approx(before, abs=1e-6)  # a fresh LoRA changes nothing yet
+    resumed.start_from(str(adapter))
+    assert resumed.loss(iter(batches)) == pytest.approx(after, abs=1e-5)
 
 
 def last_logits(lm, tokens: list[int], width: int):
@@ -266,3 +271,10 @@ def test_tune_from_dashboard_learns_what_staff_taught_and_never_replaces_a_bette
     recalibrated = json.loads(manifest_path(adapter).read_text())
     assert adapter.read_bytes() == weights and recalibrated["adapter_sha256"] == replaced["adapter_sha256"]
     assert recalibrated["history"] == replaced["history"] and recalibrated["training_data"] == replaced["training_data"]
+    # --start-from: another run begins at this adapter and keeps its training on record.
+    later = tmp_path / "later.lora.h5"
+    assert main(tune + ["--start-from", str(adapter), "--out", str(later)]) == 0
+    chained = json.loads(manifest_path(later).read_text())["started_from"]
+    assert chained["adapter_sha256"] == replaced["adapter_sha256"] and chained["history"] == replaced["history"]
+    with pytest.raises(SystemExit, match="that adapter has rank 2, this run --rank 4"):
+        main(tune + ["--start-from", str(adapter), "--out", str(later), "--rank", "4"])
