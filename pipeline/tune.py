@@ -118,10 +118,7 @@ def run(args: argparse.Namespace) -> int:
     engine = OnePassEngine(lm, f"{source.model_id}+{name}")
     dev = load_split("dev", args.data_dir)[: args.dev_limit]
     if args.recalibrate:
-        try:
-            manifest = json.loads(manifest_path(args.out).read_text())
-        except FileNotFoundError:
-            raise SystemExit(f"--recalibrate: no manifest beside {args.out}") from None
+        manifest = read_manifest(args.out, "--recalibrate")
         lm.backbone.load_lora_weights(str(args.out))
     else:
         manifest = train(args, lm, engine, dev)
@@ -220,13 +217,20 @@ def train(args: argparse.Namespace, lm, engine, dev: list[Example]) -> dict:
     }
 
 
+def read_manifest(adapter: Path, option: str) -> dict:
+    """The manifest beside `adapter`, or a clear error naming the `option` that wanted it."""
+    try:
+        return json.loads(manifest_path(adapter).read_text())
+    except ModelSpecError as error:
+        raise SystemExit(f"{option}: {error}") from None
+    except FileNotFoundError:
+        raise SystemExit(f"{option}: no manifest beside {adapter}") from None
+
+
 def start_from(args: argparse.Namespace, trainer) -> dict:
     """Load the adapter of `--start-from` into the trainer; what the manifest says of it (its own
     training, so the chain of runs behind an adapter stays on record)."""
-    try:
-        earlier = json.loads(manifest_path(args.start_from).read_text())
-    except FileNotFoundError:
-        raise SystemExit(f"--start-from: no manifest beside {args.start_from}") from None
+    earlier = read_manifest(args.start_from, "--start-from")
     if earlier["hyperparameters"]["rank"] != args.rank:
         raise SystemExit(f"--start-from: that adapter has rank {earlier['hyperparameters']['rank']}, "
                          f"this run --rank {args.rank}")

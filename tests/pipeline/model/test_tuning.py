@@ -278,3 +278,5 @@ def test_tune_from_dashboard_learns_what_staff_taught_and_never_replaces_a_bette
     assert chained["adapter_sha256"] == replaced["adapter_sha256"] and chained["history"] == replaced["history"]
     with pytest.raises(SystemExit, match="that adapter has rank 2, this run --rank 4"):
         main(tune + ["--start-from", str(adapter), "--out", str(later), "--rank", "4"])
+    with pytest.raises(SystemExit, match="--start-from: adapter .*: not a .lora.h5 file"):
+        main(tune + ["--start-from", str(tmp_path / "tiny-preset"), "--out", str(later)])
