@@ -8,7 +8,7 @@ chat, a reply draft for every chat with a gold reply); VADER on the customer's m
 the sentiment baseline. Per system it prints sentiment accuracy, macro-F1, per-class F1,
 the confusion matrix and the calibration error of the confidence; summary and reply ROUGE-L,
 the share grounded in the chat, lengths, languages and placeholders; and the speed.
-`--json` prints one object instead; `--show N` prints the N worst examples per metric
+`--json` prints one object instead; `--predictions FILE` keeps every output; `--show N` prints the N worst examples per metric
 beside the gold, so a person can see what goes wrong.
 """
 
@@ -19,7 +19,7 @@ import json
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from chatlens.contracts import SENTIMENT_LABELS, ChatWindow
@@ -188,6 +188,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-model", action="store_true", help="run no model (VADER alone)")
     parser.add_argument("--show", type=int, default=0, metavar="N", help="print the N worst examples per metric")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
+    parser.add_argument("--predictions", type=Path, metavar="FILE",
+                        help="also write every system's output for every chat to FILE (JSON lines), to study offline")
 
 
 def load_data(args: argparse.Namespace) -> tuple[str, list[Example]]:
@@ -232,6 +234,8 @@ def run(args: argparse.Namespace) -> int:
         report["systems"][name] = {**about, **figures, "seconds": round(seconds, 2),
                                    "chats_per_s": round(len(examples) / seconds, 4) if seconds else None}
         shown[name] = {"predictions": predictions, "worst": worst}
+    if args.predictions:
+        write_predictions(args.predictions, examples, {name: s["predictions"] for name, s in shown.items()})
     if args.json:
         print(json.dumps(report))
     else:
@@ -239,6 +243,17 @@ def run(args: argparse.Namespace) -> int:
     if args.show:
         print(render_worst(examples, shown, args.show), file=sys.stderr if args.json else sys.stdout)
     return 0
+
+
+def write_predictions(path: Path, examples: Sequence[Example], by_system: dict[str, list[Prediction]]) -> None:
+    """One JSON line per system and chat: the chat's id, its gold answers and what the system said."""
+    with path.open("w", encoding="utf-8") as out:
+        for name, predictions in by_system.items():
+            for example, prediction in zip(examples, predictions):
+                out.write(json.dumps({
+                    "system": name, "chat_id": example.window.chat_id,
+                    "gold": {"label": example.label, "summary": example.summary, "reply": example.reply},
+                    **asdict(prediction)}, ensure_ascii=False) + "\n")
 
 
 def _fmt(value) -> str:

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from chatlens.contracts import SENTIMENT_LABELS, ChatWindow
+from pipeline.corpus import MAX_GOLD_SUMMARY_CHARS
 from pipeline.prompts import PROMPTS_DIR, fit_transcript, transcript_lines
 
 LABELS = tuple(f" {name}" for name in SENTIMENT_LABELS.values())  # index = sentiment + 1
@@ -30,7 +31,12 @@ SUMMARY_END = "\n"
 REPLY_CUE = "Reply:"
 MAX_PROMPT_TOKENS = 1024
 SUMMARY_TOKENS = 96
+SUMMARY_CHARS = MAX_GOLD_SUMMARY_CHARS  # what the format taught; a longer summary has run on
 REPLY_TOKENS = 192
+# A reply draft ends at its last whole sentence within 320 characters. Chosen on `dev` from the shipped
+# adapter's replies (predictions kept by `chatlens eval --predictions`): grounded 91.5 -> 95.8% at an
+# unchanged ROUGE-L (0.247); the small model's invented specifics sit in its later sentences.
+REPLY_CHARS = 320
 ANSWERS = ("label", "summary", "reply")
 
 

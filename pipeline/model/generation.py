@@ -56,10 +56,25 @@ def cut_at_word(text: str, limit: int) -> str:
     return cut.rstrip(" ,;:-") + "…"
 
 
-def clean_completion(text: str, limit: int) -> str:
-    """Generated text as staff see it: one paragraph, no stray markers, within `limit`."""
+def cut_at_sentence(text: str, limit: int) -> str:
+    """At most `limit` characters, ending at the last whole sentence that fits; at a word
+    (`cut_at_word`) when no sentence ends in the second half of the limit."""
+    text = " ".join(text.split())
+    if len(text) <= limit:
+        return text
+    ends = [m.end() for m in re.finditer(r"[.!?](?=\s)", text[: limit + 1])]
+    if ends and ends[-1] >= limit // 2:
+        return text[: ends[-1]]
+    return cut_at_word(text, limit)
+
+
+def clean_completion(text: str, limit: int, sentence_limit: int | None = None) -> str:
+    """Generated text as staff see it: one paragraph, no stray markers, within `limit`, and
+    within `sentence_limit` cut at a sentence end where one is given."""
     text = re.sub(r"<(start|end)_of_turn>|<eos>|<bos>", " ", text)
     text = text.strip().strip('"').strip()
     if text and text[-1].isalnum():
         text += "."  # generation stops at the sentence's full stop, which is not kept
+    if sentence_limit is not None:
+        text = cut_at_sentence(text, sentence_limit)
     return cut_at_word(text, limit)

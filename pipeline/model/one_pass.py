@@ -30,7 +30,15 @@ import numpy as np
 from chatlens.contracts import MAX_REPLY_CHARS, MAX_SUMMARY_CHARS, ChatWindow
 from pipeline.model.analysis import REPLY_FOR, WindowAnalysis, reply_policies
 from pipeline.model.calibration import LabelCalibration
-from pipeline.model.chat_format import MAX_PROMPT_TOKENS, REPLY_TOKENS, SUMMARY_TOKENS, Vocabulary
+from pipeline.model.chat_format import (
+    MAX_PROMPT_TOKENS,
+    REPLY_CHARS,
+    REPLY_TOKENS,
+    SUMMARY_CHARS,
+    SUMMARY_TOKENS,
+    Vocabulary,
+)
+from pipeline.model.decode_step import forward_one, to_head_major
 from pipeline.model.generation import BATCH_BUCKETS, LENGTH_BUCKETS, bucket, clean_completion, length_groups
 
 log = logging.getLogger(__name__)
@@ -131,6 +139,7 @@ class OnePassDecoder:
                 head = jnp.concatenate([chosen[:, None], jnp.broadcast_to(cue, (batch, cue.shape[0]))], axis=1)
                 hidden, cache = self._forward(head, cache, length, mask)
                 logits = self._logits(hidden[:, -1:, :])[:, 0, :]
+            cache = to_head_major(cache)
 
             def step(carry):
                 i, cache, logits, phase, count, cue_at, tokens, phases = carry
@@ -149,7 +158,8 @@ class OnePassDecoder:
                 count = jnp.where(next_phase != phase, 0, count + 1)
                 cue_at = jnp.where(phase == REPLY_CUE, cue_at + 1, 0)
                 with self._scope(state):
-                    hidden, cache = self._forward(token[:, None], cache, length + 1 + cue.shape[0] + i, mask)
+                    position = length + 1 + cue.shape[0] + i
+                    hidden, cache = forward_one(backbone, token[:, None], cache, position, mask)
                     logits = self._logits(hidden)[:, 0, :]
                 return i + 1, cache, logits, next_phase, count, cue_at, tokens, phases
 
@@ -222,9 +232,11 @@ class OnePassDecoder:
         return [t for t in tokens if t not in (self.vocabulary.summary_end, self.vocabulary.eos)]
 
     def _finish(self, tokens: Sequence[int], kind: str) -> str:
-        """Generated tokens as staff see them: stops dropped, one clean paragraph within the limit."""
-        limit = MAX_SUMMARY_CHARS if kind == "summary" else MAX_REPLY_CHARS
-        return clean_completion(self._decode(self._content(tokens)), limit)
+        """Generated tokens as staff see them: stops dropped, one clean paragraph ending at the last
+        whole sentence within `SUMMARY_CHARS` or `REPLY_CHARS` (pipeline/model/chat_format.py)."""
+        if kind == "summary":
+            return clean_completion(self._decode(self._content(tokens)), MAX_SUMMARY_CHARS, SUMMARY_CHARS)
+        return clean_completion(self._decode(self._content(tokens)), MAX_REPLY_CHARS, REPLY_CHARS)
 
 
 class OnePassEngine:

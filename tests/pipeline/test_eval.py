@@ -74,6 +74,16 @@ def test_eval_prints_vader_figures_and_the_worst_examples(capsys):
     assert "sentiment" in out and "vader" in out and "worst 2 by sentiment" in out and "chats/s" in out
 
 
+def test_eval_keeps_every_prediction_beside_its_gold(tmp_path, capsys):
+    path = tmp_path / "predictions.jsonl"
+    assert main(["eval", "--split", "dev", "--no-model", "--limit", "5", "--json", "--predictions", str(path)]) == 0
+    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+    dev = load_split("dev")[:5]
+    assert [r["chat_id"] for r in rows] == [e.window.chat_id for e in dev]
+    assert all(r["system"] == "vader" and r["label"] in (-1, 0, 1) and r["summary"] is None for r in rows)
+    assert [r["gold"]["label"] for r in rows] == [e.label for e in dev]
+
+
 @pytest.mark.slow
 def test_eval_scores_all_three_outputs_of_gemma(model_cache, capsys):
     assert main(["eval", "--split", "test", "--limit", "8", "--model-cache", str(model_cache), "--json"]) == 0

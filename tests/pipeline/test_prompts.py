@@ -7,7 +7,14 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from chatlens.contracts import ChatMessage, ChatWindow
-from pipeline.model.generation import bucket, clean_completion, cut_at_word, is_degenerate, length_groups
+from pipeline.model.generation import (
+    bucket,
+    clean_completion,
+    cut_at_sentence,
+    cut_at_word,
+    is_degenerate,
+    length_groups,
+)
 from pipeline.prompts import OMITTED_MARKER, VARIANTS, fit_transcript, load_prompts, neutralise, transcript_lines
 
 T0 = datetime(2026, 11, 2, 9, 0, tzinfo=timezone.utc)
@@ -77,6 +84,19 @@ def test_buckets_and_text_cleanup():
     assert len(cut_at_word("word " * 200, 512)) <= 512
     assert clean_completion(' "Sorry about that.<end_of_turn>" ', 100) == "Sorry about that."
     assert clean_completion("The customer wants a refund", 100) == "The customer wants a refund."
+
+
+def test_a_summary_is_cut_at_the_last_sentence_that_fits():
+    two = "Order 123 arrived broken. The customer wants a refund by Friday, and is angry about it."
+    assert cut_at_sentence(two, 200) == two
+    assert cut_at_sentence(two, 45) == "Order 123 arrived broken."
+    assert cut_at_sentence("v1.2 crashed. " + "x" * 80, 60).startswith("v1.2 crashed.")  # "1.2" is no end
+    run_on = "The customer " + "waited and waited " * 20  # no sentence end at all: cut at a word
+    assert cut_at_sentence(run_on, 60).endswith("…") and len(cut_at_sentence(run_on, 60)) <= 60
+    early = "Refund. " + "then more words " * 20  # the only end is too early to keep alone
+    assert cut_at_sentence(early, 100).endswith("…")
+    summary = clean_completion(two + " " + two, 512, sentence_limit=100)
+    assert summary == two and len(summary) <= 100
     assert is_degenerate([5, 6, 7, 8] * 4, "a b c d")
     assert is_degenerate([1, 2, 3], "I am sorry. I am sorry. I am sorry.")
     assert not is_degenerate(list(range(40)), "The customer wants a refund for a late order.")

@@ -1,0 +1,70 @@
+"""The one-token decoding step against keras-hub's own cached layers, on a tiny random Gemma 3."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("KERAS_BACKEND", "jax")
+
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+from pipeline.model.decode_step import forward_one, to_head_major  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def backbone():
+    import keras
+    import keras_hub
+
+    keras.utils.set_random_seed(3)
+    # a sliding window of 4 so that the decoded position sees only part of the cache on those layers
+    return keras_hub.models.Gemma3Backbone(
+        vocabulary_size=64, image_size=None, num_layers=2, num_query_heads=4, num_key_value_heads=2,
+        hidden_dim=32, intermediate_dim=64, head_dim=8, query_head_dim_normalize=True, use_query_key_norm=True,
+        use_post_ffw_norm=True, use_post_attention_norm=True, attention_logit_soft_cap=None,
+        final_logit_soft_cap=None, use_sliding_window_attention=True, sliding_window_size=4, dtype="float32")
+
+
+def keras_step(backbone, token_ids, cache, index, key_mask):
+    """The same step through keras-hub's layers: the reference."""
+    x = backbone.token_embedding(token_ids) * jnp.sqrt(jnp.asarray(backbone.hidden_dim, "float32"))
+    caches = []
+    for layer, layer_cache in zip(backbone.transformer_layers, cache):
+        x, layer_cache = layer(x, cache=layer_cache, cache_update_index=index, padding_mask=key_mask)
+        caches.append(layer_cache)
+    return backbone.layer_norm(x), tuple(caches)
+
+
+@pytest.mark.parametrize("index", [2, 9])  # inside the window, and past it
+def test_a_decoding_step_equals_keras_hubs_cached_layers(backbone, index):
+    rng = np.random.default_rng(0)
+    batch, length = 3, 12
+    shape = (batch, length, backbone.num_key_value_heads, backbone.head_dim)
+    cache = tuple((jnp.asarray(rng.normal(size=shape), "float32"), jnp.asarray(rng.normal(size=shape), "float32"))
+                  for _ in range(backbone.num_layers))
+    key_mask = jnp.asarray(np.arange(length)[None, :] >= np.array([[0], [1], [2]]))  # left padding
+    tokens = jnp.asarray(rng.integers(0, 64, (batch, 1)), "int32")
+
+    expected, expected_cache = keras_step(backbone, tokens, cache, index, key_mask)
+    hidden, new_cache = forward_one(backbone, tokens, to_head_major(cache), index, key_mask)
+
+    np.testing.assert_allclose(np.asarray(hidden), np.asarray(expected), rtol=1e-4, atol=1e-4)
+    for (k, v), (k_ref, v_ref) in zip(to_head_major(new_cache), expected_cache):  # swapping back is its inverse
+        np.testing.assert_allclose(np.asarray(k), np.asarray(k_ref), atol=1e-5)
+        np.testing.assert_allclose(np.asarray(v), np.asarray(v_ref), atol=1e-5)
+
+
+def test_the_sliding_window_is_applied(backbone):
+    """A key outside the window must not change the step: without the window term it would."""
+    rng = np.random.default_rng(1)
+    shape = (1, 12, backbone.num_key_value_heads, backbone.head_dim)
+    cache = [(jnp.asarray(rng.normal(size=shape), "float32"), jnp.asarray(rng.normal(size=shape), "float32"))
+             for _ in range(backbone.num_layers)]
+    key_mask = jnp.ones((1, 12), bool)
+    token = jnp.asarray([[5]], "int32")
+    before, _ = forward_one(backbone, token, to_head_major(tuple(cache)), 9, key_mask)
+    changed = [(k.at[0, 0].set(100.0), v.at[0, 0].set(100.0)) for k, v in cache]  # position 0: 9 back, > 4
+    after, _ = forward_one(backbone, token, to_head_major(tuple(changed)), 9, key_mask)
+    np.testing.assert_allclose(np.asarray(after), np.asarray(before), atol=1e-6)
