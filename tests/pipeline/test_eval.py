@@ -135,9 +135,12 @@ def test_the_shipped_adapter_is_the_default_and_beats_the_base_model(model_cache
     tuned = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["systems"]["gemma3-270m"]
     assert tuned["model_id"] == source.model_id and tuned["prompt_version"] == "tuned-one-pass-v1"
     print(json.dumps(tuned))
-    # base on all of test: summary ROUGE-L 0.217 / grounded 82.4%, reply ROUGE-L 0.087 / grounded
-    # 90% / in language 58.9%. (No sentiment floor here: on 24 chats macro-F1 and calibration
-    # error are noise; the README has all of test.)
+    # base on all of test: sentiment accuracy 0.489, summary ROUGE-L 0.217 / grounded 82.4%, reply
+    # ROUGE-L 0.087 / grounded 90% / in language 58.9%. The shipped adapter gets all 24 labels right
+    # (2026-11-24); at most 4 wrong leaves room for float noise, none for an untuned model. (On 24
+    # chats macro-F1 and calibration error are noise; the README has all of test.)
+    assert tuned["sentiment"]["accuracy"] >= 0.8
     assert tuned["summary"]["rouge_l"] >= 0.30 and tuned["summary"]["grounded"] >= 0.85
+    assert tuned["summary"]["over_limit"] == 0  # the decoder ends summaries within 240 characters
     assert tuned["reply"]["rouge_l"] >= 0.15 and tuned["reply"]["in_language"] >= 0.85
     assert tuned["reply"]["placeholders"] == 0
