@@ -8,8 +8,8 @@ chat, a reply draft for every chat with a gold reply); VADER on the customer's m
 the sentiment baseline. Per system it prints sentiment accuracy, macro-F1, per-class F1,
 the confusion matrix and the calibration error of the confidence; summary and reply ROUGE-L,
 the share grounded in the chat, lengths, languages and placeholders; and the speed.
-`--json` prints one object instead; `--predictions FILE` keeps every output; `--show N` prints the N worst examples per metric
-beside the gold, so a person can see what goes wrong.
+`--json` prints one object instead; `--predictions FILE` keeps every output; `--show N`
+prints the N worst examples per metric beside the gold, so a person can see what goes wrong.
 """
 
 from __future__ import annotations

@@ -69,10 +69,27 @@ def decoder_block(layer, x, cache, index, key_mask):
     return x + y, cache
 
 
-def forward_one(backbone, token_ids, cache, index, key_mask):
-    """Final hidden states (B, 1, D) of one token per row written at `index`; no vocabulary projection."""
+def embed(backbone, token_ids):
+    """Gemma's scaled token embeddings."""
     x = backbone.token_embedding(token_ids)
-    x = x * jnp.sqrt(jnp.asarray(backbone.hidden_dim, x.dtype))
+    return x * jnp.sqrt(jnp.asarray(backbone.hidden_dim, x.dtype))
+
+
+def forward_cached(backbone, token_ids, cache, index, key_mask):
+    """Final hidden states of `token_ids` written at `index` of keras-hub's own (B, T, K, H) cache,
+    through keras-hub's layers (the prefill); no vocabulary projection."""
+    x = embed(backbone, token_ids)
+    caches = []
+    for layer, layer_cache in zip(backbone.transformer_layers, cache):
+        x, layer_cache = layer(x, cache=layer_cache, cache_update_index=index, padding_mask=key_mask)
+        caches.append(layer_cache)
+    return backbone.layer_norm(x), tuple(caches)
+
+
+def forward_one(backbone, token_ids, cache, index, key_mask):
+    """Final hidden states (B, 1, D) of one token per row written at `index` of a head-major cache
+    (`to_head_major`); no vocabulary projection."""
+    x = embed(backbone, token_ids)
     caches = []
     for layer, layer_cache in zip(backbone.transformer_layers, cache):
         x, layer_cache = decoder_block(layer, x, layer_cache, index, key_mask)

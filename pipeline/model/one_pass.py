@@ -38,7 +38,7 @@ from pipeline.model.chat_format import (
     SUMMARY_TOKENS,
     Vocabulary,
 )
-from pipeline.model.decode_step import forward_one, to_head_major
+from pipeline.model.decode_step import forward_cached, forward_one, to_head_major
 from pipeline.model.generation import BATCH_BUCKETS, LENGTH_BUCKETS, bucket, clean_completion, length_groups
 
 log = logging.getLogger(__name__)
@@ -96,17 +96,6 @@ class OnePassDecoder:
         return keras.StatelessScope(state_mapping=itertools.chain(
             zip(self.lm.trainable_variables, trainable), zip(self.lm.non_trainable_variables, frozen)))
 
-    def _forward(self, token_ids, cache, index, key_mask):
-        """Hidden states of `token_ids` written at `index` of the cache: no vocabulary projection."""
-        backbone = self.backbone
-        x = backbone.token_embedding(token_ids)
-        x = x * jnp.sqrt(jnp.asarray(backbone.hidden_dim, x.dtype))
-        caches = []
-        for layer, layer_cache in zip(backbone.transformer_layers, cache):
-            x, layer_cache = layer(x, cache=layer_cache, cache_update_index=index, padding_mask=key_mask)
-            caches.append(layer_cache)
-        return backbone.layer_norm(x), tuple(caches)
-
     def _logits(self, hidden):
         return self.backbone.token_embedding(hidden, reverse=True).astype("float32")
 
@@ -129,7 +118,7 @@ class OnePassDecoder:
             cache = tuple((jnp.zeros(shape, dtype), jnp.zeros(shape, dtype)) for _ in range(backbone.num_layers))
             mask = jnp.concatenate([key_mask, jnp.ones((batch, total - length), bool)], axis=1)
             with self._scope(state):
-                hidden, cache = self._forward(prompt_ids, cache, 0, mask)
+                hidden, cache = forward_cached(backbone, prompt_ids, cache, 0, mask)
                 label_logits = self._logits(hidden[:, -1:, :])[:, 0, :][:, labels]
                 if steps == 0:  # the label only
                     return label_logits, jnp.zeros((batch, 0), "int32"), jnp.zeros((batch, 0), "int32")
@@ -137,7 +126,7 @@ class OnePassDecoder:
                 # reply_mode is an index into REPLY_FOR: 0 negative, 1 all, 2 none
                 wants_reply = (reply_mode == 1) | ((reply_mode == 0) & (chosen == labels[0]))
                 head = jnp.concatenate([chosen[:, None], jnp.broadcast_to(cue, (batch, cue.shape[0]))], axis=1)
-                hidden, cache = self._forward(head, cache, length, mask)
+                hidden, cache = forward_cached(backbone, head, cache, length, mask)
                 logits = self._logits(hidden[:, -1:, :])[:, 0, :]
             cache = to_head_major(cache)
 
@@ -234,9 +223,8 @@ class OnePassDecoder:
     def _finish(self, tokens: Sequence[int], kind: str) -> str:
         """Generated tokens as staff see them: stops dropped, one clean paragraph ending at the last
         whole sentence within `SUMMARY_CHARS` or `REPLY_CHARS` (pipeline/model/chat_format.py)."""
-        if kind == "summary":
-            return clean_completion(self._decode(self._content(tokens)), MAX_SUMMARY_CHARS, SUMMARY_CHARS)
-        return clean_completion(self._decode(self._content(tokens)), MAX_REPLY_CHARS, REPLY_CHARS)
+        limits = {"summary": (MAX_SUMMARY_CHARS, SUMMARY_CHARS), "reply": (MAX_REPLY_CHARS, REPLY_CHARS)}[kind]
+        return clean_completion(self._decode(self._content(tokens)), *limits)
 
 
 class OnePassEngine:

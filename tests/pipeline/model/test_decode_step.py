@@ -10,7 +10,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-from pipeline.model.decode_step import forward_one, to_head_major  # noqa: E402
+from pipeline.model.decode_step import forward_cached, forward_one, to_head_major  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -27,16 +27,6 @@ def backbone():
         final_logit_soft_cap=None, use_sliding_window_attention=True, sliding_window_size=4, dtype="float32")
 
 
-def keras_step(backbone, token_ids, cache, index, key_mask):
-    """The same step through keras-hub's layers: the reference."""
-    x = backbone.token_embedding(token_ids) * jnp.sqrt(jnp.asarray(backbone.hidden_dim, "float32"))
-    caches = []
-    for layer, layer_cache in zip(backbone.transformer_layers, cache):
-        x, layer_cache = layer(x, cache=layer_cache, cache_update_index=index, padding_mask=key_mask)
-        caches.append(layer_cache)
-    return backbone.layer_norm(x), tuple(caches)
-
-
 @pytest.mark.parametrize("index", [2, 9])  # inside the window, and past it
 def test_a_decoding_step_equals_keras_hubs_cached_layers(backbone, index):
     rng = np.random.default_rng(0)
@@ -47,7 +37,7 @@ def test_a_decoding_step_equals_keras_hubs_cached_layers(backbone, index):
     key_mask = jnp.asarray(np.arange(length)[None, :] >= np.array([[0], [1], [2]]))  # left padding
     tokens = jnp.asarray(rng.integers(0, 64, (batch, 1)), "int32")
 
-    expected, expected_cache = keras_step(backbone, tokens, cache, index, key_mask)
+    expected, expected_cache = forward_cached(backbone, tokens, cache, index, key_mask)  # keras-hub's layers
     hidden, new_cache = forward_one(backbone, tokens, to_head_major(cache), index, key_mask)
 
     np.testing.assert_allclose(np.asarray(hidden), np.asarray(expected), rtol=1e-4, atol=1e-4)
