@@ -35,6 +35,30 @@ def length_groups(lengths: Sequence[int], max_spread: int, max_batch: int = BATC
     return groups
 
 
+PREFILL_OVERHEAD_TOKENS = 256
+"""What one more prefill call costs beside its padded tokens, in tokens: its head and vocabulary
+projections and a pass over the weights (measured here: ~0.2 s, at ~1,100 prefilled tokens/s)."""
+
+
+def prefill_groups(lengths: Sequence[int], overhead: int = PREFILL_OVERHEAD_TOKENS) -> list[list[int]]:
+    """Indices sorted by length, split into the groups that prefill the fewest padded tokens: each
+    group pads to its own batch and length buckets and costs `overhead` more. One long chat among
+    short ones gets a prefill of its own instead of padding every row to its length."""
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    best, start_of = [0] + [None] * len(order), [0] * (len(order) + 1)
+    for end in range(1, len(order) + 1):
+        for start in range(end):
+            cost = best[start] + overhead + (bucket(end - start, BATCH_BUCKETS)
+                                             * bucket(lengths[order[end - 1]], LENGTH_BUCKETS))
+            if best[end] is None or cost < best[end]:
+                best[end], start_of[end] = cost, start
+    groups, end = [], len(order)
+    while end:
+        groups.append(order[start_of[end] : end])
+        end = start_of[end]
+    return groups[::-1]
+
+
 def is_degenerate(token_ids: Sequence[int], text: str) -> bool:
     """True for the usual failure of small greedy models: a phrase or line repeated in a loop."""
     if len(token_ids) >= 12:

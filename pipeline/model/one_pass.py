@@ -1,17 +1,20 @@
 """One pass per chat for a Gemma tuned on `chat_format`: prefill once, then label, summary, reply.
 
-For a batch of chats (left-padded, one length group):
-1. the prompts are prefilled once into one attention cache; the label probabilities are
-   the three label tokens' logits at the prompt's end through the adapter's calibration
-   (`pipeline/model/calibration.py`), and the label is their argmax;
-2. each row is fed its label token and the summary cue, then decodes its summary greedily;
+For a batch of chats:
+1. the prompts are prefilled once, left-padded, in groups of similar lengths
+   (`generation.prefill_groups`: one long chat gets a prefill of its own rather than padding
+   every row to its length); the label probabilities are the three label tokens' logits at the
+   prompt's end through the adapter's calibration (`pipeline/model/calibration.py`), and the
+   label is their argmax; each row is fed its label token and the summary cue;
+2. the groups' caches join one decoding cache, every prompt ending at the same position (the
+   shorter groups' keys rotated on: `decode_step.shift_positions`), and each row decodes its
+   summary greedily;
 3. a row whose reply is wanted (`reply_for`: always, or where its label came out negative)
    is fed the reply cue as soon as its summary ends and decodes the reply on the same cache;
    other rows stop there.
 Every row advances one position per step, so a row's sequence has no gaps and is exactly
 what it was trained on. The vocabulary projection runs only where a token is read: the
-last prompt position and one position per decoding step.
-"""
+last prompt position and one position per decoding step."""
 
 from __future__ import annotations
 
@@ -38,12 +41,24 @@ from pipeline.model.chat_format import (
     SUMMARY_TOKENS,
     Vocabulary,
 )
-from pipeline.model.decode_step import forward_cached, forward_one, to_head_major
-from pipeline.model.generation import BATCH_BUCKETS, LENGTH_BUCKETS, bucket, clean_completion, length_groups
+from pipeline.model.decode_step import forward_cached, forward_one, shift_positions, step_weights, to_head_major
+from pipeline.model.generation import (
+    BATCH_BUCKETS,
+    LENGTH_BUCKETS,
+    PREFILL_OVERHEAD_TOKENS,
+    bucket,
+    clean_completion,
+    prefill_groups,
+)
 
 log = logging.getLogger(__name__)
 
 SUMMARY, REPLY_CUE, REPLY, DONE = 0, 1, 2, 3  # a row's phase while decoding
+
+LOOP_COMPILER_OPTIONS = {"xla_cpu_copy_insertion_use_region_analysis": True}
+"""XLA (CPU) otherwise copies every layer's cache twice a step: it cannot tell that the decoding
+loop's read of the cache is done before the in-place write of the new key and value. With region
+analysis it can (8 rows, ~700 positions: 105 -> 80 ms a step, the same tokens)."""
 
 
 @dataclass(frozen=True)
@@ -59,12 +74,23 @@ class ChatOutput:
     reply_tokens: int
 
 
+def left_padded(rows: Sequence[list[int]], batch: int, length: int) -> tuple[np.ndarray, np.ndarray]:
+    """Token ids and their mask (batch, length), each row right-aligned; the shortest row repeats
+    to fill the batch."""
+    filler = min(rows, key=len)
+    token_ids, mask = np.zeros((batch, length), "int32"), np.zeros((batch, length), bool)
+    for i, row in enumerate(itertools.chain(rows, itertools.repeat(filler, batch - len(rows)))):
+        token_ids[i, length - len(row):] = row
+        mask[i, length - len(row):] = True
+    return token_ids, mask
+
+
 class OnePassDecoder:
     """Label probabilities, summary and reply from one prefill per chat, batched."""
 
     def __init__(self, causal_lm, *, max_prompt_tokens: int = MAX_PROMPT_TOKENS,
                  summary_tokens: int = SUMMARY_TOKENS, reply_tokens: int = REPLY_TOKENS,
-                 calibration: LabelCalibration = LabelCalibration()):
+                 calibration: LabelCalibration = LabelCalibration(), step_dtype: str = "bfloat16"):
         self.lm = causal_lm
         self.backbone = causal_lm.backbone
         tokenizer = causal_lm.preprocessor.tokenizer
@@ -74,9 +100,12 @@ class OnePassDecoder:
         self.summary_tokens = summary_tokens
         self.reply_tokens = reply_tokens
         self.calibration = calibration
+        self.prefill_overhead = PREFILL_OVERHEAD_TOKENS  # see generation.prefill_groups
         self.compiles: list[str] = []
         self._lock = threading.Lock()
-        self._run = self._build()
+        self._prefill, self._decode_loop = self._build()
+        self._step_weights = jax.jit(lambda state: self._in_scope(state, step_weights, self.backbone, step_dtype))
+        self._prepared: tuple = ((), None)  # (the state they came from, its step weights)
 
     def _tokenize(self, text: str) -> list[int]:
         ids = self.tokenizer.tokenize(text)
@@ -96,10 +125,26 @@ class OnePassDecoder:
         return keras.StatelessScope(state_mapping=itertools.chain(
             zip(self.lm.trainable_variables, trainable), zip(self.lm.non_trainable_variables, frozen)))
 
+    def _in_scope(self, state, function, *args):
+        with self._scope(state):
+            return function(*args)
+
+    def _weights(self, state):
+        """The decoding step's weights (`decode_step.step_weights`) for this state, made once per state:
+        the shipped model's never changes; a tune's changes after each step of training."""
+        arrays = [*state[0], *state[1]]
+        before, weights = self._prepared
+        if len(before) != len(arrays) or any(a is not b for a, b in zip(before, arrays)):
+            weights = self._step_weights(state)
+            self._prepared = (arrays, weights)
+        return weights
+
     def _logits(self, hidden):
         return self.backbone.token_embedding(hidden, reverse=True).astype("float32")
 
     def _build(self):
+        """The two XLA programs: a prefill per group of similar prompt lengths, and the decoding
+        loop over the whole batch."""
         v = self.vocabulary
         backbone = self.backbone
         labels = jnp.array(v.labels, "int32")
@@ -109,26 +154,28 @@ class OnePassDecoder:
         reply_stops = jnp.array([v.eos, v.summary_end], "int32")
         max_summary, max_reply = self.summary_tokens, self.reply_tokens
 
-        @functools.partial(jax.jit, static_argnames=("steps",))
-        def run(state, prompt_ids, key_mask, reply_mode, label_bias, steps):
+        @jax.jit
+        def prefill(state, prompt_ids, key_mask, label_bias, offset):
+            """The label logits, the first summary token's logits and the head-major cache of one
+            left-padded group; its keys placed `offset` positions on, where the batch's prompts end."""
             batch, length = prompt_ids.shape
-            total = length + 1 + cue.shape[0] + steps
-            shape = (batch, total, backbone.num_key_value_heads, backbone.head_dim)
-            dtype = self.lm.compute_dtype
-            cache = tuple((jnp.zeros(shape, dtype), jnp.zeros(shape, dtype)) for _ in range(backbone.num_layers))
-            mask = jnp.concatenate([key_mask, jnp.ones((batch, total - length), bool)], axis=1)
+            shape = (batch, length + 1 + cue.shape[0], backbone.num_key_value_heads, backbone.head_dim)
+            cache = tuple((jnp.zeros(shape, self.lm.compute_dtype), jnp.zeros(shape, self.lm.compute_dtype))
+                          for _ in range(backbone.num_layers))
+            mask = jnp.concatenate([key_mask, jnp.ones((batch, 1 + cue.shape[0]), bool)], axis=1)
             with self._scope(state):
                 hidden, cache = forward_cached(backbone, prompt_ids, cache, 0, mask)
                 label_logits = self._logits(hidden[:, -1:, :])[:, 0, :][:, labels]
-                if steps == 0:  # the label only
-                    return label_logits, jnp.zeros((batch, 0), "int32"), jnp.zeros((batch, 0), "int32")
                 chosen = labels[jnp.argmax(label_logits + label_bias, axis=-1)]
-                # reply_mode is an index into REPLY_FOR: 0 negative, 1 all, 2 none
-                wants_reply = (reply_mode == 1) | ((reply_mode == 0) & (chosen == labels[0]))
                 head = jnp.concatenate([chosen[:, None], jnp.broadcast_to(cue, (batch, cue.shape[0]))], axis=1)
                 hidden, cache = forward_cached(backbone, head, cache, length, mask)
                 logits = self._logits(hidden[:, -1:, :])[:, 0, :]
-            cache = to_head_major(cache)
+            return label_logits, logits, to_head_major(shift_positions(backbone, cache, offset))
+
+        @functools.partial(jax.jit, static_argnames=("steps",), compiler_options=LOOP_COMPILER_OPTIONS)
+        def decode(state, weights, cache, logits, key_mask, wants_reply, steps):
+            """Greedy summary then reply tokens (and each token's phase), `steps` at most."""
+            batch, total = key_mask.shape
 
             def step(carry):
                 i, cache, logits, phase, count, cue_at, tokens, phases = carry
@@ -147,9 +194,7 @@ class OnePassDecoder:
                 count = jnp.where(next_phase != phase, 0, count + 1)
                 cue_at = jnp.where(phase == REPLY_CUE, cue_at + 1, 0)
                 with self._scope(state):
-                    position = length + 1 + cue.shape[0] + i
-                    hidden, cache = forward_one(backbone, token[:, None], cache, position, mask)
-                    logits = self._logits(hidden)[:, 0, :]
+                    logits, cache = forward_one(backbone, weights, token[:, None], cache, total - steps + i, key_mask)
                 return i + 1, cache, logits, next_phase, count, cue_at, tokens, phases
 
             def running(carry):
@@ -159,10 +204,10 @@ class OnePassDecoder:
             zeros = jnp.zeros((batch,), "int32")
             carry = (0, cache, logits, zeros + SUMMARY, zeros, zeros, jnp.zeros((batch, steps), "int32"),
                      jnp.full((batch, steps), DONE, "int32"))
-            _, _, _, _, _, _, tokens, phases = jax.lax.while_loop(running, step, carry)
-            return label_logits, tokens, phases
+            *_, tokens, phases = jax.lax.while_loop(running, step, carry)
+            return tokens, phases
 
-        return run
+        return prefill, decode
 
     def run(self, windows: Sequence[ChatWindow], reply_for: Sequence[str] | None = None,
             label_only: bool = False) -> list[ChatOutput]:
@@ -170,52 +215,78 @@ class OnePassDecoder:
         label comes out negative), 'all' or 'none' (the default). `label_only` stops after the
         label (no summary, no reply): what classifying and fitting a calibration need."""
         wants = reply_policies(reply_for if reply_for is not None else "none", len(windows))
-        prompts, cut = zip(*(self.vocabulary.prompt(w, self.max_prompt_tokens) for w in windows))
-        outputs: list[ChatOutput | None] = [None] * len(windows)
+        prompts, cut = zip(*(self.vocabulary.prompt(w, self.max_prompt_tokens) for w in windows)) if windows else ((), ())
+        outputs: list[ChatOutput] = []
         with self._lock:
-            # One group per call (up to the largest batch bucket), however different the lengths:
-            # the decoding steps, not the prefill, are most of the cost here, and every group decodes
-            # them again; one group also means one XLA program per length bucket, not per group shape.
-            for group in length_groups([len(p) for p in prompts], max_spread=self.max_prompt_tokens):
-                rows = self._run_group([prompts[i] for i in group], [wants[i] for i in group], label_only)
-                for i, out in zip(group, rows):
-                    outputs[i] = ChatOutput(truncated=cut[i], **out)
-        return outputs  # type: ignore[return-value]
+            # One decoding loop per call (up to the largest batch bucket), however different the lengths:
+            # the decoding steps are most of the cost, and every loop runs them again.
+            for start in range(0, len(windows), BATCH_BUCKETS[-1]):
+                rows = slice(start, start + BATCH_BUCKETS[-1])
+                outputs += [ChatOutput(truncated=c, **out)
+                            for c, out in zip(cut[rows], self._run_batch(prompts[rows], wants[rows], label_only))]
+        return outputs
 
-    def _run_group(self, prompts: list[list[int]], wants: list[str], label_only: bool = False) -> list[dict]:
-        batch = bucket(len(prompts), BATCH_BUCKETS)
+    def _run_batch(self, prompts: Sequence[list[int]], wants: Sequence[str], label_only: bool = False) -> list[dict]:
+        """Prefill in groups of similar lengths (`prefill_groups`), each placed to end where the
+        longest prompt ends, then decode all rows in one loop."""
         length = bucket(max(map(len, prompts)), LENGTH_BUCKETS)
-        filler = min(prompts, key=len)
-        token_ids = np.zeros((batch, length), "int32")
-        mask = np.zeros((batch, length), bool)
-        for i, row in enumerate(itertools.chain(prompts, itertools.repeat(filler, batch - len(prompts)))):
-            token_ids[i, length - len(row):] = row
-            mask[i, length - len(row):] = True
-        modes = np.array([REPLY_FOR.index(w) for w in wants] + [REPLY_FOR.index("none")] * (batch - len(prompts)),
-                         "int32")
+        bias = np.asarray(self.calibration.bias, "float32")
+        state = self._state()
+        order, label_logits, first_logits, caches = [], [], [], []
+        for group in prefill_groups([len(p) for p in prompts], self.prefill_overhead):
+            rows = [prompts[i] for i in group]
+            ids, mask = left_padded(rows, bucket(len(rows), BATCH_BUCKETS), bucket(max(map(len, rows)), LENGTH_BUCKETS))
+            self._note(f"one-pass prefill batch={ids.shape[0]} length={ids.shape[1]}")
+            group_labels, group_first, group_cache = self._prefill(state, ids, mask, bias, length - ids.shape[1])
+            order += group
+            label_logits.append(np.asarray(group_labels)[: len(group)])
+            first_logits.append(group_first[: len(group)])
+            caches.append(tuple((k[: len(group)], v[: len(group)]) for k, v in group_cache))
+        label_logits = np.concatenate(label_logits)[np.argsort(order)]
+        probabilities = self.calibration.probabilities(label_logits)
+        results = [{"probabilities": tuple(float(x) for x in p), "label_logits": tuple(float(x) for x in raw),
+                    "summary": "", "reply": None, "summary_tokens": 0, "reply_tokens": 0}
+                   for p, raw in zip(probabilities, label_logits)]
+        if label_only:
+            return results
+
         may_reply = any(w != "none" for w in wants)
-        steps = 0 if label_only else (
-            self.summary_tokens + 1 + (len(self.vocabulary.reply_cue) + self.reply_tokens if may_reply else 0))
-        key = f"one-pass batch={batch} length={length} steps={steps}"
+        steps = self.summary_tokens + 1 + (len(self.vocabulary.reply_cue) + self.reply_tokens if may_reply else 0)
+        batch = bucket(len(prompts), BATCH_BUCKETS)
+        rows = order + [order[0]] * (batch - len(order))  # the decoding batch's rows, padded with a repeat
+        width = length + 1 + len(self.vocabulary.summary_cue)  # the prompts, the label, the summary cue
+        cache = tuple(tuple(self._stack([c[layer][kv] for c in caches], batch, width, steps) for kv in (0, 1))
+                      for layer in range(len(caches[0])))
+        first = jnp.concatenate(first_logits + [first_logits[0][:1]] * (batch - len(order)))
+        key_mask = np.ones((batch, cache[0][0].shape[2]), bool)
+        key_mask[:, :length] = left_padded([prompts[i] for i in rows], batch, length)[1]
+        negative = np.argmax(label_logits + bias, axis=-1) == 0  # the label fed in the prefill
+        wants_reply = np.array([wants[i] == "all" or (wants[i] == "negative" and negative[i]) for i in rows])
+        wants_reply[len(order):] = False
+        self._note(f"one-pass decode batch={batch} length={length} steps={steps}")
+        tokens, phases = map(np.asarray, self._decode_loop(state, self._weights(state), cache, first, key_mask,
+                                                      wants_reply, steps=steps))
+        for row, i in enumerate(order):
+            summary = [t for t, p in zip(tokens[row], phases[row]) if p == SUMMARY]
+            reply = [t for t, p in zip(tokens[row], phases[row]) if p == REPLY]
+            results[i].update(
+                summary=self._finish(summary, "summary"),
+                reply=self._finish(reply, "reply") if any(p == REPLY_CUE for p in phases[row]) else None,
+                summary_tokens=len(self._content(summary)), reply_tokens=len(self._content(reply)))
+        return results
+
+    @staticmethod
+    def _stack(parts, batch: int, width: int, steps: int):
+        """One layer's decoding cache (batch, K, time, H) from the groups' (rows, K, time, H): their
+        rows one after another (the first repeated to fill the batch), each group's positions
+        ending at `width`, then room for `steps` tokens."""
+        parts = [jnp.pad(p, ((0, 0), (0, 0), (width - p.shape[2], steps), (0, 0))) for p in parts]
+        return jnp.concatenate(parts + [parts[0][:1]] * (batch - sum(p.shape[0] for p in parts)))
+
+    def _note(self, key: str) -> None:
         if key not in self.compiles:
             self.compiles.append(key)
             log.info("XLA compile #%d: %s", len(self.compiles), key)
-        bias = np.asarray(self.calibration.bias, "float32")
-        logits, tokens, phases = map(np.asarray, self._run(self._state(), token_ids, mask, modes, bias, steps=steps))
-        probabilities = self.calibration.probabilities(logits)
-        results = []
-        for row in range(len(prompts)):
-            summary = [t for t, p in zip(tokens[row], phases[row]) if p == SUMMARY]
-            reply = [t for t, p in zip(tokens[row], phases[row]) if p == REPLY]
-            results.append({
-                "probabilities": tuple(float(x) for x in probabilities[row]),
-                "label_logits": tuple(float(x) for x in logits[row]),
-                "summary": self._finish(summary, "summary"),
-                "reply": self._finish(reply, "reply") if any(p == REPLY_CUE for p in phases[row]) else None,
-                "summary_tokens": len(self._content(summary)),
-                "reply_tokens": len(self._content(reply)),
-            })
-        return results
 
     def _content(self, tokens: Sequence[int]) -> list[int]:
         return [t for t in tokens if t not in (self.vocabulary.summary_end, self.vocabulary.eos)]

@@ -14,6 +14,7 @@ from pipeline.model.generation import (
     cut_at_word,
     is_degenerate,
     length_groups,
+    prefill_groups,
 )
 from pipeline.prompts import OMITTED_MARKER, VARIANTS, fit_transcript, load_prompts, neutralise, transcript_lines
 
@@ -74,6 +75,14 @@ def test_length_groups_keep_one_long_chat_from_padding_the_rest():
     assert length_groups(lengths, max_spread=128) == [[2, 4, 0, 3], [1]]
     assert length_groups(lengths, max_spread=1000, max_batch=2) == [[2, 4], [0, 3], [1]]
     assert length_groups([], max_spread=10) == []
+
+
+def test_prefill_groups_give_one_long_chat_its_own_prefill_and_keep_similar_ones_together():
+    assert prefill_groups([155, 241, 164, 183, 195, 214, 225, 164]) == [[0, 2, 7, 3, 4, 5, 6, 1]]  # 8 x 256 is least
+    # together 4 x 768 padded tokens; apart 2 x 128 + 1 x 256 + 1 x 768, and two more calls
+    assert prefill_groups([118, 673, 120, 235], overhead=256) == [[0, 2], [3], [1]]
+    assert prefill_groups([118, 673, 120, 235], overhead=10_000) == [[0, 2, 3, 1]]  # calls dearer than padding
+    assert prefill_groups([]) == []
 
 
 def test_buckets_and_text_cleanup():

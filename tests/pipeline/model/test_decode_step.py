@@ -10,7 +10,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-from pipeline.model.decode_step import forward_cached, forward_one, to_head_major  # noqa: E402
+from pipeline.model.decode_step import forward_cached, forward_one, step_weights, to_head_major  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -27,20 +27,26 @@ def backbone():
         final_logit_soft_cap=None, use_sliding_window_attention=True, sliding_window_size=4, dtype="float32")
 
 
+def random_cache(backbone, rng, batch, length):
+    shape = (batch, length, backbone.num_key_value_heads, backbone.head_dim)
+    return tuple((jnp.asarray(rng.normal(size=shape), "float32"), jnp.asarray(rng.normal(size=shape), "float32"))
+                 for _ in range(backbone.num_layers))
+
+
 @pytest.mark.parametrize("index", [2, 9])  # inside the window, and past it
 def test_a_decoding_step_equals_keras_hubs_cached_layers(backbone, index):
     rng = np.random.default_rng(0)
     batch, length = 3, 12
-    shape = (batch, length, backbone.num_key_value_heads, backbone.head_dim)
-    cache = tuple((jnp.asarray(rng.normal(size=shape), "float32"), jnp.asarray(rng.normal(size=shape), "float32"))
-                  for _ in range(backbone.num_layers))
+    cache = random_cache(backbone, rng, batch, length)
     key_mask = jnp.asarray(np.arange(length)[None, :] >= np.array([[0], [1], [2]]))  # left padding
     tokens = jnp.asarray(rng.integers(0, 64, (batch, 1)), "int32")
 
     expected, expected_cache = forward_cached(backbone, tokens, cache, index, key_mask)  # keras-hub's layers
-    hidden, new_cache = forward_one(backbone, tokens, to_head_major(cache), index, key_mask)
+    logits, new_cache = forward_one(backbone, step_weights(backbone, "float32"), tokens, to_head_major(cache), index,
+                                    key_mask)
 
-    np.testing.assert_allclose(np.asarray(hidden), np.asarray(expected), rtol=1e-4, atol=1e-4)
+    expected_logits = backbone.token_embedding(expected, reverse=True)[:, 0, :]
+    np.testing.assert_allclose(np.asarray(logits), np.asarray(expected_logits), rtol=1e-4, atol=1e-4)
     for (k, v), (k_ref, v_ref) in zip(to_head_major(new_cache), expected_cache):  # swapping back is its inverse
         np.testing.assert_allclose(np.asarray(k), np.asarray(k_ref), atol=1e-5)
         np.testing.assert_allclose(np.asarray(v), np.asarray(v_ref), atol=1e-5)
@@ -54,7 +60,26 @@ def test_the_sliding_window_is_applied(backbone):
              for _ in range(backbone.num_layers)]
     key_mask = jnp.ones((1, 12), bool)
     token = jnp.asarray([[5]], "int32")
-    before, _ = forward_one(backbone, token, to_head_major(tuple(cache)), 9, key_mask)
+    weights = step_weights(backbone, "float32")
+    before, _ = forward_one(backbone, weights, token, to_head_major(tuple(cache)), 9, key_mask)
     changed = [(k.at[0, 0].set(100.0), v.at[0, 0].set(100.0)) for k, v in cache]  # position 0: 9 back, > 4
-    after, _ = forward_one(backbone, token, to_head_major(tuple(changed)), 9, key_mask)
+    after, _ = forward_one(backbone, weights, token, to_head_major(tuple(changed)), 9, key_mask)
     np.testing.assert_allclose(np.asarray(after), np.asarray(before), atol=1e-6)
+
+
+def test_bfloat16_step_weights_keep_the_step_close_to_float32(backbone):
+    """The shipped step reads its matrices in bfloat16 (accumulating in float32): a rounding of the
+    weights, not a different model."""
+    rng = np.random.default_rng(2)
+    cache = to_head_major(random_cache(backbone, rng, 3, 12))
+    key_mask = jnp.ones((3, 12), bool)
+    tokens = jnp.asarray(rng.integers(0, 64, (3, 1)), "int32")
+    exact, exact_cache = forward_one(backbone, step_weights(backbone, "float32"), tokens, cache, 9, key_mask)
+    rounded, rounded_cache = forward_one(backbone, step_weights(backbone), tokens, cache, 9, key_mask)
+    assert step_weights(backbone)["vocabulary"].dtype == jnp.bfloat16 and rounded.dtype == jnp.float32
+    spread = float(jnp.std(exact))
+    np.testing.assert_allclose(np.asarray(rounded), np.asarray(exact), atol=0.02 * spread)
+    assert not np.array_equal(np.asarray(rounded), np.asarray(exact))  # it did round
+    for (k, v), (k_ref, v_ref) in zip(rounded_cache, exact_cache):
+        np.testing.assert_allclose(np.asarray(k), np.asarray(k_ref), atol=0.05)
+        np.testing.assert_allclose(np.asarray(v), np.asarray(v_ref), atol=0.05)

@@ -113,9 +113,12 @@ def greedy_without_cache(lm, tokens: list[int], stops: set[int], limit: int, wid
 
 def test_one_pass_equals_separate_scoring_and_generation(tiny_lm, chats):
     decoder = OnePassDecoder(tiny_lm, summary_tokens=5, reply_tokens=4)
+    decoder.prefill_overhead = 0  # each length bucket its own prefill: the shorter one's keys shifted on
     v = decoder.vocabulary
     windows = [chats[0].window, chats[3].window]  # different lengths: left padding in one batch
-    outputs = decoder._run_group([v.prompt(w)[0] for w in windows], ["all", "all"])
+    outputs = decoder._run_batch([v.prompt(w)[0] for w in windows], ["all", "all"])
+    assert [c for c in decoder.compiles if "prefill" in c] == [  # two prefills, one decoding loop
+        "one-pass prefill batch=1 length=256", "one-pass prefill batch=1 length=384"]
     # every reference pass fits in one width: the longest prompt, its label and cue, a summary, the reply
     width = max(len(v.prompt(w)[0]) for w in windows) + 1 + len(v.summary_cue) + 6 + len(v.reply_cue) + 4
     for window, output in zip(windows, outputs):
