@@ -5,8 +5,9 @@ new key and value into it before reading it back. Inside a `jax.lax.while_loop` 
 copies every layer's whole cache on every step (the read and the in-place write overlap), and the
 attention einsums transpose it again: at a few hundred cached positions that was more than the
 weights' own reads. Here the cache is (batch, kv_heads, time, head_dim), attention reads the cache
-as it was before this step plus the new key and value on their own, and the write comes last.
-The arithmetic is keras-hub's (same norms, rotary embedding and masks: padding, causal, sliding
+as it was before this step plus the new key and value on their own, and the write comes last
+(the loop around it is compiled with XLA's region analysis, `one_pass.LOOP_COMPILER_OPTIONS`, so
+that write happens in place). The arithmetic is keras-hub's (same norms, rotary embedding and masks: padding, causal, sliding
 window); only the order of the sums differs.
 
 The step's matrix products read `step_weights`: the same kernels fused where they share an input,
