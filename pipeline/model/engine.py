@@ -32,12 +32,10 @@ import numpy as np  # noqa: E402
 from chatlens.contracts import MAX_REPLY_CHARS, MAX_SUMMARY_CHARS, ChatWindow
 from pipeline.model.analysis import WindowAnalysis, reply_policies, wants_reply
 from pipeline.model.generation import (
-    BATCH_BUCKETS,
-    LENGTH_BUCKETS,
-    bucket,
     clean_completion,
     is_degenerate,
     length_groups,
+    padded_rows,
 )
 from pipeline.model.tasks import Task
 from pipeline.prompts import PromptSet, fit_transcript, transcript_lines
@@ -190,25 +188,6 @@ class GemmaEngine:
             self.stats.compiles.append(f"{kind} batch={batch} length={length}")
             log.info("XLA compile #%d: %s batch=%d length=%d", len(self._shapes), kind, batch, length)
 
-    def _padded(self, rows: Sequence[Sequence[int]], extra: int = 0, left: bool = False
-                ) -> tuple[np.ndarray, np.ndarray]:
-        """Rows padded to a batch bucket and a length bucket, plus `extra` free positions at the end.
-
-        Right padding suits scoring (each row's last token is read); left padding puts every
-        prompt's end at the same position, so generation starts at once for all rows.
-        """
-        batch = bucket(len(rows), BATCH_BUCKETS)
-        length = bucket(max(map(len, rows)), LENGTH_BUCKETS)
-        filler = min(rows, key=len)  # padding rows repeat a real prompt: a 0-length row breaks decoding
-        token_ids = np.zeros((batch, length + extra), dtype="int32")
-        mask = np.zeros((batch, length + extra), dtype="bool")
-        mask[:, length:] = True
-        for i, row in enumerate(itertools.chain(rows, itertools.repeat(filler, batch - len(rows)))):
-            span = slice(length - len(row), length) if left else slice(0, len(row))
-            token_ids[i, span] = row
-            mask[i, span] = True
-        return token_ids, mask
-
     def _scope(self, state):
         """Run keras code on explicit variable values, as keras-hub's own jitted generate does."""
         trainable, non_trainable = state
@@ -262,7 +241,7 @@ class GemmaEngine:
         rows = [self.tokenize(self.prompts.render(Task.SENTIMENT, t)[len(self._head_text):]) for t in transcripts]
         log_probs = np.zeros((len(rows), len(self._label_ids)), dtype="float32")
         for group in length_groups([len(r) for r in rows], max_spread=LENGTH_SPREAD):
-            token_ids, _ = self._padded([rows[i] for i in group], extra=0)
+            token_ids, _ = padded_rows([rows[i] for i in group])
             self._note_shape("score", *token_ids.shape)
             last = np.array([len(rows[i]) - 1 for i in group] + [0] * (len(token_ids) - len(group)), dtype="int32")
             scored = self._score_fn(self._state(), self._head, token_ids, last, np.array(self._label_ids, dtype="int32"))
@@ -324,7 +303,7 @@ class GemmaEngine:
 
     def _generate_group(self, rows: list[list[int]], max_new: int, stop_ids: tuple[int, ...], penalised: bool
                         ) -> list[list[int]]:
-        token_ids, mask = self._padded(rows, extra=max_new, left=True)
+        token_ids, mask = padded_rows(rows, extra=max_new, left=True)
         self._note_shape("generate-penalised" if penalised else "generate", *token_ids.shape)
         self.stats.generate_calls += 1
         out = np.asarray(self._generate_fn(self._state(), token_ids, mask, np.array(stop_ids, dtype="int32"),

@@ -5,9 +5,12 @@ Kept apart from the engine so they are cheap to test and to reason about.
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections import Counter
 from collections.abc import Sequence
+
+import numpy as np
 
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 LENGTH_BUCKETS = (64, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 4096, 8192)
@@ -33,6 +36,26 @@ def length_groups(lengths: Sequence[int], max_spread: int, max_batch: int = BATC
             groups.append([])
         groups[-1].append(index)
     return groups
+
+
+def padded_rows(rows: Sequence[Sequence[int]], extra: int = 0, left: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """Token ids and mask: rows padded to a batch bucket and a length bucket, plus `extra` free
+    (unmasked) positions at the end.
+
+    Right padding suits scoring (each row's last token is read); left padding puts every
+    prompt's end at the same position, so generation starts at once for all rows.
+    """
+    batch = bucket(len(rows), BATCH_BUCKETS)
+    length = bucket(max(map(len, rows)), LENGTH_BUCKETS)
+    filler = min(rows, key=len)  # padding rows repeat a real prompt: a 0-length row breaks decoding
+    token_ids = np.zeros((batch, length + extra), dtype="int32")
+    mask = np.zeros((batch, length + extra), dtype="bool")
+    mask[:, length:] = True
+    for i, row in enumerate(itertools.chain(rows, itertools.repeat(filler, batch - len(rows)))):
+        span = slice(length - len(row), length) if left else slice(0, len(row))
+        token_ids[i, span] = row
+        mask[i, span] = True
+    return token_ids, mask
 
 
 PREFILL_OVERHEAD_TOKENS = 256

@@ -31,7 +31,7 @@ import keras
 import numpy as np
 
 from chatlens.contracts import MAX_REPLY_CHARS, MAX_SUMMARY_CHARS, ChatWindow
-from pipeline.model.analysis import REPLY_FOR, WindowAnalysis, reply_policies
+from pipeline.model.analysis import WindowAnalysis, reply_policies
 from pipeline.model.calibration import LabelCalibration
 from pipeline.model.chat_format import (
     MAX_PROMPT_TOKENS,
@@ -48,6 +48,7 @@ from pipeline.model.generation import (
     PREFILL_OVERHEAD_TOKENS,
     bucket,
     clean_completion,
+    padded_rows,
     prefill_groups,
 )
 
@@ -72,17 +73,6 @@ class ChatOutput:
     truncated: bool
     summary_tokens: int
     reply_tokens: int
-
-
-def left_padded(rows: Sequence[list[int]], batch: int, length: int) -> tuple[np.ndarray, np.ndarray]:
-    """Token ids and their mask (batch, length), each row right-aligned; the shortest row repeats
-    to fill the batch."""
-    filler = min(rows, key=len)
-    token_ids, mask = np.zeros((batch, length), "int32"), np.zeros((batch, length), bool)
-    for i, row in enumerate(itertools.chain(rows, itertools.repeat(filler, batch - len(rows)))):
-        token_ids[i, length - len(row):] = row
-        mask[i, length - len(row):] = True
-    return token_ids, mask
 
 
 class OnePassDecoder:
@@ -154,10 +144,11 @@ class OnePassDecoder:
         reply_stops = jnp.array([v.eos, v.summary_end], "int32")
         max_summary, max_reply = self.summary_tokens, self.reply_tokens
 
-        @jax.jit
-        def prefill(state, prompt_ids, key_mask, label_bias, offset):
+        @functools.partial(jax.jit, static_argnames=("label_only",))
+        def prefill(state, prompt_ids, key_mask, label_bias, offset, label_only):
             """The label logits, the first summary token's logits and the head-major cache of one
-            left-padded group; its keys placed `offset` positions on, where the batch's prompts end."""
+            left-padded group; its keys placed `offset` positions on, where the batch's prompts end.
+            `label_only`: the label logits alone."""
             batch, length = prompt_ids.shape
             shape = (batch, length + 1 + cue.shape[0], backbone.num_key_value_heads, backbone.head_dim)
             cache = tuple((jnp.zeros(shape, self.lm.compute_dtype), jnp.zeros(shape, self.lm.compute_dtype))
@@ -166,6 +157,8 @@ class OnePassDecoder:
             with self._scope(state):
                 hidden, cache = forward_cached(backbone, prompt_ids, cache, 0, mask)
                 label_logits = self._logits(hidden[:, -1:, :])[:, 0, :][:, labels]
+                if label_only:
+                    return label_logits, None, None
                 chosen = labels[jnp.argmax(label_logits + label_bias, axis=-1)]
                 head = jnp.concatenate([chosen[:, None], jnp.broadcast_to(cue, (batch, cue.shape[0]))], axis=1)
                 hidden, cache = forward_cached(backbone, head, cache, length, mask)
@@ -234,14 +227,15 @@ class OnePassDecoder:
         state = self._state()
         order, label_logits, first_logits, caches = [], [], [], []
         for group in prefill_groups([len(p) for p in prompts], self.prefill_overhead):
-            rows = [prompts[i] for i in group]
-            ids, mask = left_padded(rows, bucket(len(rows), BATCH_BUCKETS), bucket(max(map(len, rows)), LENGTH_BUCKETS))
-            self._note(f"one-pass prefill batch={ids.shape[0]} length={ids.shape[1]}")
-            group_labels, group_first, group_cache = self._prefill(state, ids, mask, bias, length - ids.shape[1])
+            ids, mask = padded_rows([prompts[i] for i in group], left=True)
+            self._note(f"one-pass prefill batch={ids.shape[0]} length={ids.shape[1]}{' label' if label_only else ''}")
+            group_labels, group_first, group_cache = self._prefill(state, ids, mask, bias, length - ids.shape[1],
+                                                                   label_only=label_only)
             order += group
             label_logits.append(np.asarray(group_labels)[: len(group)])
-            first_logits.append(group_first[: len(group)])
-            caches.append(tuple((k[: len(group)], v[: len(group)]) for k, v in group_cache))
+            if not label_only:
+                first_logits.append(group_first[: len(group)])
+                caches.append(tuple((k[: len(group)], v[: len(group)]) for k, v in group_cache))
         label_logits = np.concatenate(label_logits)[np.argsort(order)]
         probabilities = self.calibration.probabilities(label_logits)
         results = [{"probabilities": tuple(float(x) for x in p), "label_logits": tuple(float(x) for x in raw),
@@ -258,8 +252,7 @@ class OnePassDecoder:
         cache = tuple(tuple(self._stack([c[layer][kv] for c in caches], batch, width, steps) for kv in (0, 1))
                       for layer in range(len(caches[0])))
         first = jnp.concatenate(first_logits + [first_logits[0][:1]] * (batch - len(order)))
-        key_mask = np.ones((batch, cache[0][0].shape[2]), bool)
-        key_mask[:, :length] = left_padded([prompts[i] for i in rows], batch, length)[1]
+        key_mask = padded_rows([prompts[i] for i in rows], extra=cache[0][0].shape[2] - length, left=True)[1]
         negative = np.argmax(label_logits + bias, axis=-1) == 0  # the label fed in the prefill
         wants_reply = np.array([wants[i] == "all" or (wants[i] == "negative" and negative[i]) for i in rows])
         wants_reply[len(order):] = False
