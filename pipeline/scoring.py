@@ -23,7 +23,8 @@ TRANSLATED_LANGUAGES = ("en", "fr", "es", "de", "it", "pt", "nl", "pl", "tr", "s
 ECE_BINS = 10
 
 _WORD = re.compile(r"\w+", re.UNICODE)
-_NUMBER = re.compile(r"\d+(?:[.,:/]\d+)*")
+SEPARATORS = ".,:/"  # between digits, part of one number: 21:30, 3,50, 12/03
+_NUMBER = re.compile(rf"\d+(?:[{SEPARATORS}]\d+)*")
 _SENTENCE_START = re.compile(r"(?:^|[.!?¡¿:;\n]\s*|[\"“«(]\s*)$")
 _NAME = re.compile(r"[^\W\d_][\w'’&-]*", re.UNICODE)
 _PLACEHOLDER = re.compile(r"\[[^\]\n]{1,40}\]|\{[^}\n]{1,40}\}|<[A-Za-z_ ]{2,40}>|\bX{3,}\b|_{3,}")
@@ -94,7 +95,8 @@ def rouge_l(prediction: str, reference: str) -> float:
 
 
 def numbers(text: str) -> set[str]:
-    return {n.rstrip(".,:/") for n in _NUMBER.findall(text)}
+    """The numbers a text states: digits, joined by single separators."""
+    return {n.rstrip(SEPARATORS) for n in _NUMBER.findall(text)}
 
 
 def names(text: str, language: str | None = "en") -> set[str]:

@@ -12,7 +12,8 @@ For a batch of chats:
 3. a row whose reply is wanted (`reply_for`: always, or where its label came out negative)
    is fed the reply cue as soon as its summary ends and decodes the reply on the same cache;
    other rows stop there.
-Every row advances one position per step, so a row's sequence has no gaps and is exactly
+Numbers in a summary or reply are the chat's own (`pipeline/model/grounding.py`: a mask on
+each step's logits). Every row advances one position per step, so a row's sequence has no gaps and is exactly
 what it was trained on. The vocabulary projection runs only where a token is read: the
 last prompt position and one position per decoding step."""
 
@@ -31,6 +32,7 @@ import keras
 import numpy as np
 
 from chatlens.contracts import MAX_REPLY_CHARS, MAX_SUMMARY_CHARS, ChatWindow
+from pipeline.model import grounding
 from pipeline.model.analysis import WindowAnalysis, reply_policies
 from pipeline.model.calibration import LabelCalibration
 from pipeline.model.chat_format import (
@@ -80,7 +82,8 @@ class OnePassDecoder:
 
     def __init__(self, causal_lm, *, max_prompt_tokens: int = MAX_PROMPT_TOKENS,
                  summary_tokens: int = SUMMARY_TOKENS, reply_tokens: int = REPLY_TOKENS,
-                 calibration: LabelCalibration = LabelCalibration(), step_dtype: str = "bfloat16"):
+                 calibration: LabelCalibration = LabelCalibration(), step_dtype: str = "bfloat16",
+                 ground_numbers: bool = True):
         self.lm = causal_lm
         self.backbone = causal_lm.backbone
         tokenizer = causal_lm.preprocessor.tokenizer
@@ -90,6 +93,9 @@ class OnePassDecoder:
         self.summary_tokens = summary_tokens
         self.reply_tokens = reply_tokens
         self.calibration = calibration
+        # Numbers in a summary or reply only from the chat (pipeline/model/grounding.py).
+        self.ground_numbers = ground_numbers
+        self._token_codes = grounding.token_codes(tokenizer.get_vocabulary()) if ground_numbers else None
         self.prefill_overhead = PREFILL_OVERHEAD_TOKENS  # see generation.prefill_groups
         self.compiles: list[str] = []
         self._lock = threading.Lock()
@@ -165,19 +171,32 @@ class OnePassDecoder:
                 logits = self._logits(hidden[:, -1:, :])[:, 0, :]
             return label_logits, logits, to_head_major(shift_positions(backbone, cache, offset))
 
+        ground = self.ground_numbers
+        codes = jnp.asarray(self._token_codes) if ground else None
+        symbols = jnp.asarray(grounding.symbol_ids(self._token_codes)) if ground else None
+
         @functools.partial(jax.jit, static_argnames=("steps",), compiler_options=LOOP_COMPILER_OPTIONS)
-        def decode(state, weights, cache, logits, key_mask, wants_reply, steps):
-            """Greedy summary then reply tokens (and each token's phase), `steps` at most."""
+        def decode(state, weights, cache, logits, key_mask, wants_reply, numbers, steps):
+            """Greedy summary then reply tokens (and each token's phase), `steps` at most; with
+            `ground_numbers`, writing only the numbers in `numbers` (`grounding.number_table`)."""
             batch, total = key_mask.shape
 
             def step(carry):
-                i, cache, logits, phase, count, cue_at, tokens, phases = carry
+                i, cache, logits, phase, count, cue_at, tokens, phases, written = carry
+                may_stop = True
+                if ground:
+                    written = grounding.NumberState(*written)
+                    logits = written.mask(logits, numbers, codes, symbols)
+                    may_stop = written.may_end(numbers)  # at the length limit, an open number is finished first
                 greedy = jnp.argmax(logits, axis=-1).astype("int32")
                 token = jnp.select(
-                    [phase == REPLY_CUE, (phase == SUMMARY) & (count >= max_summary), (phase == REPLY) & (count >= max_reply)],
+                    [phase == REPLY_CUE, (phase == SUMMARY) & (count >= max_summary) & may_stop,
+                     (phase == REPLY) & (count >= max_reply) & may_stop],
                     [reply_cue[jnp.minimum(cue_at, reply_cue.shape[0] - 1)], v.summary_end, v.eos], greedy)
                 tokens = tokens.at[:, i].set(token)
                 phases = phases.at[:, i].set(phase)
+                if ground:
+                    written = written.advance(token, numbers, codes).tree()
                 after_summary = jnp.where(wants_reply & (token == v.summary_end), REPLY_CUE, DONE)
                 next_phase = jnp.select(
                     [phase == SUMMARY, phase == REPLY_CUE, phase == REPLY],
@@ -188,16 +207,17 @@ class OnePassDecoder:
                 cue_at = jnp.where(phase == REPLY_CUE, cue_at + 1, 0)
                 with self._scope(state):
                     logits, cache = forward_one(backbone, weights, token[:, None], cache, total - steps + i, key_mask)
-                return i + 1, cache, logits, next_phase, count, cue_at, tokens, phases
+                return i + 1, cache, logits, next_phase, count, cue_at, tokens, phases, written
 
             def running(carry):
-                i, *_, phase, _count, _cue_at, _tokens, _phases = carry
+                i, *_, phase, _count, _cue_at, _tokens, _phases, _written = carry
                 return (i < steps) & ~jnp.all(phase == DONE)
 
             zeros = jnp.zeros((batch,), "int32")
             carry = (0, cache, logits, zeros + SUMMARY, zeros, zeros, jnp.zeros((batch, steps), "int32"),
-                     jnp.full((batch, steps), DONE, "int32"))
-            *_, tokens, phases = jax.lax.while_loop(running, step, carry)
+                     jnp.full((batch, steps), DONE, "int32"),
+                     grounding.NumberState.start(numbers).tree() if ground else ())
+            *_, tokens, phases, _ = jax.lax.while_loop(running, step, carry)
             return tokens, phases
 
         return prefill, decode
@@ -246,6 +266,8 @@ class OnePassDecoder:
 
         may_reply = any(w != "none" for w in wants)
         steps = self.summary_tokens + 1 + (len(self.vocabulary.reply_cue) + self.reply_tokens if may_reply else 0)
+        if self.ground_numbers:  # room to finish a number open at each length limit
+            steps += grounding.MAX_CHARACTERS * (2 if may_reply else 1)
         batch = bucket(len(prompts), BATCH_BUCKETS)
         rows = order + [order[0]] * (batch - len(order))  # the decoding batch's rows, padded with a repeat
         width = length + 1 + len(self.vocabulary.summary_cue)  # the prompts, the label, the summary cue
@@ -256,9 +278,10 @@ class OnePassDecoder:
         negative = np.argmax(label_logits + bias, axis=-1) == 0  # the label fed in the prefill
         wants_reply = np.array([wants[i] == "all" or (wants[i] == "negative" and negative[i]) for i in rows])
         wants_reply[len(order):] = False
+        numbers = grounding.number_table(self._decode(prompts[i]) for i in rows) if self.ground_numbers else None
         self._note(f"one-pass decode batch={batch} length={length} steps={steps}")
         tokens, phases = map(np.asarray, self._decode_loop(state, self._weights(state), cache, first, key_mask,
-                                                      wants_reply, steps=steps))
+                                                      wants_reply, numbers, steps=steps))
         for row, i in enumerate(order):
             summary = [t for t, p in zip(tokens[row], phases[row]) if p == SUMMARY]
             reply = [t for t, p in zip(tokens[row], phases[row]) if p == REPLY]

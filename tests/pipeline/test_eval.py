@@ -114,8 +114,8 @@ def test_the_shipped_adapter_is_the_default_and_beats_the_base_model(model_cache
     chats it clears floors set above the untuned model's full-`test` figures (README table).
 
     The README has this adapter's figures on all of `test` and the issue's bars it does not meet
-    (summary and reply overlap and grounding, injection). These floors guard against losing what
-    tuning bought.
+    (summary and reply overlap). These floors guard against losing what tuning and the decoder
+    bought.
     """
     import hashlib
 
@@ -140,7 +140,8 @@ def test_the_shipped_adapter_is_the_default_and_beats_the_base_model(model_cache
     # (2026-11-24); at most 4 wrong leaves room for float noise, none for an untuned model. (On 24
     # chats macro-F1 and calibration error are noise; the README has all of test.)
     assert tuned["sentiment"]["accuracy"] >= 0.8
-    assert tuned["summary"]["rouge_l"] >= 0.30 and tuned["summary"]["grounded"] >= 0.85
+    # grounded: 23 of 24 (2026-11-25; numbers are held to the chat, names are not): at most 2 misses
+    assert tuned["summary"]["rouge_l"] >= 0.30 and tuned["summary"]["grounded"] >= 0.9
     assert tuned["summary"]["over_limit"] == 0  # the decoder ends summaries within 240 characters
     assert tuned["reply"]["rouge_l"] >= 0.15 and tuned["reply"]["in_language"] >= 0.85
     assert tuned["reply"]["placeholders"] == 0

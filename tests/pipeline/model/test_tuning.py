@@ -283,3 +283,30 @@ def test_tune_from_dashboard_learns_what_staff_taught_and_never_replaces_a_bette
         main(tune + ["--start-from", str(adapter), "--out", str(later), "--rank", "4"])
     with pytest.raises(SystemExit, match="--start-from: adapter .*: not a .lora.h5 file"):
         main(tune + ["--start-from", str(tmp_path / "tiny-preset"), "--out", str(later)])
+
+
+def test_numbers_written_come_from_the_chat(tiny_lm, chats):
+    """A tiny model made eager to write digits (their embeddings pushed along its hidden states)
+    writes numbers of its own unconstrained; grounded, every number it writes is in the chat, and
+    none is left cut at the length limit."""
+    from pipeline.scoring import numbers
+
+    decoder = OnePassDecoder(tiny_lm, summary_tokens=24, reply_tokens=8)
+    prompt = decoder.vocabulary.prompt(chats[0].window)[0]
+    hidden = np.asarray(tiny_lm.backbone({"token_ids": np.array([prompt]),
+                                          "padding_mask": np.ones((1, len(prompt)), bool)}))[0].mean(0)
+    embeddings = tiny_lm.backbone.token_embedding.embeddings
+    table = np.array(embeddings.value)
+    digits = np.flatnonzero((decoder._token_codes >= 0) & (decoder._token_codes < 10))
+    for k, token in enumerate(digits):
+        table[token] += (3.0 + 0.1 * k) * hidden / (hidden @ hidden)
+    embeddings.assign(table)
+    windows = [c.window for c in chats]
+    texts = [decoder._decode(decoder.vocabulary.prompt(w)[0]) for w in windows]
+    free = OnePassDecoder(tiny_lm, summary_tokens=24, reply_tokens=8, ground_numbers=False).run(windows, ["all"] * 8)
+    assert all(numbers(o.summary) - numbers(chat) for o, chat in zip(free, texts))  # numbers of its own
+    grounded = decoder.run(windows, ["all"] * 8)
+    assert sum(bool(numbers(o.summary)) for o in grounded) >= 4  # it still writes numbers: the chat's
+    for output, chat in zip(grounded, texts):
+        assert numbers(output.summary) <= numbers(chat), output.summary
+        assert numbers(output.reply or "") <= numbers(chat), output.reply
