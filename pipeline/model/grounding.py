@@ -2,12 +2,13 @@
 states an order number, an amount, a date or a phone number the chat does not hold.
 
 A small model that cannot find a number writes a plausible one, and staff would send it on. A
-number here is what `numbers` reads (`scoring.numbers` too): digits, joined by single `. , : /`
-(21:30, 3,50, 12/03). Gemma's tokenizers write digits one token each, so while decoding each row
-follows which of its chat's numbers the digits written so far begin, like a walk down a trie:
+number is what the eval's grounding check reads (`scoring.numbers`): digits, joined by single
+`. , : /` (21:30, 3,50, 12/03). Gemma's tokenizers write digits one token each, so while decoding
+each row follows which of its chat's numbers the digits written so far begin, like a walk down
+a trie:
 - a digit is allowed where it continues one of them (or starts one);
-- a separator is allowed where it continues one, or where the number before it is complete (a
-  full stop after "order 58140"): then only a complete number may stand before it;
+- a separator is allowed where it continues one, or where the number before it is complete (the
+  full stop after "order 58140."); after the latter, no digit may follow;
 - any other token is allowed only where no number is open or the open one is complete.
 Tokens that hold digits any other way (byte fallbacks, other scripts' numerals, the markup of
 special tokens) are never written: the tokenizer has a single-digit token for each digit.
@@ -18,10 +19,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
 from pipeline.scoring import SEPARATORS, numbers
-
 
 ALPHABET = "0123456789" + SEPARATORS  # a number's characters; their index is their code
 END = -1  # past a number's last character (and unused rows)
@@ -62,31 +64,27 @@ def number_table(texts: Iterable[str]) -> np.ndarray:
     return table
 
 
+@jax.tree_util.register_dataclass
 @dataclass(frozen=True)
 class NumberState:
     """Per row: characters of the open number written (0: none open), which of the chat's numbers
-    they begin, whether the last was a separator, and whether the number was complete before it."""
+    they begin, whether the last was a separator, and whether the number was complete before it.
+    A pytree: it rides in the decoding loop's carry."""
 
-    written: object  # (B,) int32
-    alive: object  # (B, MAX_NUMBERS) bool
-    after_separator: object  # (B,) bool
-    complete_before: object  # (B,) bool
+    written: jax.Array  # (B,) int32
+    alive: jax.Array  # (B, MAX_NUMBERS) bool
+    after_separator: jax.Array  # (B,) bool
+    complete_before: jax.Array  # (B,) bool
 
     @classmethod
-    def start(cls, table):
-        import jax.numpy as jnp
-
+    def start(cls, table) -> NumberState:
+        """No number open, every one of the chat's possible."""
         batch = table.shape[0]
         return cls(jnp.zeros((batch,), "int32"), table[:, :, 0] != END, jnp.zeros((batch,), bool),
                    jnp.ones((batch,), bool))
 
-    def tree(self):
-        return self.written, self.alive, self.after_separator, self.complete_before
-
     def _next(self, table):
         """Each chat number's character after the written ones, (B, MAX_NUMBERS)."""
-        import jax.numpy as jnp
-
         return jnp.take_along_axis(table, self.written[:, None, None], axis=2)[:, :, 0]
 
     def may_end(self, table):
@@ -96,16 +94,12 @@ class NumberState:
         return self._may_end(self._next(table))
 
     def _may_end(self, following):
-        import jax.numpy as jnp
-
         complete = jnp.any(self.alive & (following == END), axis=1)
         return (self.written == 0) | jnp.where(self.after_separator, self.complete_before, complete)
 
     def mask(self, logits, table, codes, symbol_ids):
         """`logits` (B, V) with every token that would write a number outside the chat at -inf.
         `symbol_ids`: the token of each `ALPHABET` character, -1 where the tokenizer has none."""
-        import jax.numpy as jnp
-
         following = self._next(table)
         may_end = self._may_end(following)
         continues = jnp.any(self.alive[:, :, None] & (following[:, :, None] == jnp.arange(len(ALPHABET))), axis=1)
@@ -117,10 +111,8 @@ class NumberState:
         ids = jnp.where(present, symbol_ids, 0)
         return masked.at[:, ids].set(jnp.where(allowed & present, logits[:, ids], masked[:, ids]))
 
-    def advance(self, token, table, codes):
+    def advance(self, token, table, codes) -> NumberState:
         """The state after each row wrote `token` (B,)."""
-        import jax.numpy as jnp
-
         code = codes[token]
         following = self._next(table)
         in_number = (self.written > 0) & ~self.after_separator

@@ -182,12 +182,11 @@ class OnePassDecoder:
             batch, total = key_mask.shape
 
             def step(carry):
-                i, cache, logits, phase, count, cue_at, tokens, phases, written = carry
+                i, cache, logits, phase, count, cue_at, tokens, phases, number = carry
                 may_stop = True
                 if ground:
-                    written = grounding.NumberState(*written)
-                    logits = written.mask(logits, numbers, codes, symbols)
-                    may_stop = written.may_end(numbers)  # at the length limit, an open number is finished first
+                    logits = number.mask(logits, numbers, codes, symbols)
+                    may_stop = number.may_end(numbers)  # at the length limit, an open number is finished first
                 greedy = jnp.argmax(logits, axis=-1).astype("int32")
                 token = jnp.select(
                     [phase == REPLY_CUE, (phase == SUMMARY) & (count >= max_summary) & may_stop,
@@ -196,7 +195,7 @@ class OnePassDecoder:
                 tokens = tokens.at[:, i].set(token)
                 phases = phases.at[:, i].set(phase)
                 if ground:
-                    written = written.advance(token, numbers, codes).tree()
+                    number = number.advance(token, numbers, codes)
                 after_summary = jnp.where(wants_reply & (token == v.summary_end), REPLY_CUE, DONE)
                 next_phase = jnp.select(
                     [phase == SUMMARY, phase == REPLY_CUE, phase == REPLY],
@@ -207,16 +206,16 @@ class OnePassDecoder:
                 cue_at = jnp.where(phase == REPLY_CUE, cue_at + 1, 0)
                 with self._scope(state):
                     logits, cache = forward_one(backbone, weights, token[:, None], cache, total - steps + i, key_mask)
-                return i + 1, cache, logits, next_phase, count, cue_at, tokens, phases, written
+                return i + 1, cache, logits, next_phase, count, cue_at, tokens, phases, number
 
             def running(carry):
-                i, *_, phase, _count, _cue_at, _tokens, _phases, _written = carry
+                i, *_, phase, _count, _cue_at, _tokens, _phases, _number = carry
                 return (i < steps) & ~jnp.all(phase == DONE)
 
             zeros = jnp.zeros((batch,), "int32")
             carry = (0, cache, logits, zeros + SUMMARY, zeros, zeros, jnp.zeros((batch, steps), "int32"),
                      jnp.full((batch, steps), DONE, "int32"),
-                     grounding.NumberState.start(numbers).tree() if ground else ())
+                     grounding.NumberState.start(numbers) if ground else ())
             *_, tokens, phases, _ = jax.lax.while_loop(running, step, carry)
             return tokens, phases
 
