@@ -97,9 +97,9 @@ class NumberState:
         complete = jnp.any(self.alive & (following == END), axis=1)
         return (self.written == 0) | jnp.where(self.after_separator, self.complete_before, complete)
 
-    def mask(self, logits, table, codes, symbol_ids):
+    def mask(self, logits, table, codes, symbols):
         """`logits` (B, V) with every token that would write a number outside the chat at -inf.
-        `symbol_ids`: the token of each `ALPHABET` character, -1 where the tokenizer has none."""
+        `symbols`: the token of each `ALPHABET` character, -1 where the tokenizer has none (`symbol_ids`)."""
         following = self._next(table)
         may_end = self._may_end(following)
         continues = jnp.any(self.alive[:, :, None] & (following[:, :, None] == jnp.arange(len(ALPHABET))), axis=1)
@@ -107,8 +107,8 @@ class NumberState:
         allowed = continues.at[:, 10:].set(jnp.where(in_number[:, None], continues[:, 10:] | may_end[:, None],
                                                      may_end[:, None]))
         masked = jnp.where((codes == OTHER)[None, :] & may_end[:, None], logits, -jnp.inf)
-        present = symbol_ids >= 0
-        ids = jnp.where(present, symbol_ids, 0)
+        present = symbols >= 0
+        ids = jnp.where(present, symbols, 0)
         return masked.at[:, ids].set(jnp.where(allowed & present, logits[:, ids], masked[:, ids]))
 
     def advance(self, token, table, codes) -> NumberState:
