@@ -6,8 +6,11 @@ are what the project reads and commits. What it does, and nothing more:
   the tenant of its domain, and message times (deterministic, from the chat id);
 - puts the labelled eval chats of the earlier test set (`eval_chats.jsonl` with their gold
   in `source/eval_gold.jsonl`) into `test`;
-- assigns every other scenario as a whole to one split, stratified by label and by
-  English/not English, in an order fixed by a hash of the scenario id.
+- assigns every other scenario of the first sources (`source/h*.jsonl`) as a whole to one
+  split, stratified by label and by English/not English, in an order fixed by a hash of the
+  scenario id;
+- puts the chats written later for training only (`source/t*.jsonl`) into `train`: adding
+  them leaves `dev` and `test`, and every figure measured on them, exactly as they were.
 """
 
 from __future__ import annotations
@@ -57,9 +60,9 @@ def window_of(record: dict) -> ChatWindow:
                       customer_id=customer, messages=messages, closed=True)
 
 
-def authored_examples() -> list[Example]:
+def authored_examples(pattern: str = "h*.jsonl") -> list[Example]:
     examples = []
-    for path in sorted(SOURCES.glob("h*.jsonl")):
+    for path in sorted(SOURCES.glob(pattern)):
         for line in path.read_text(encoding="utf-8").splitlines():
             if line.strip():
                 r = json.loads(line)
@@ -105,10 +108,15 @@ def assign(examples: list[Example]) -> dict[str, list[Example]]:
     return splits
 
 
-def main() -> int:
+def build() -> dict[str, list[Example]]:
     splits = assign(authored_examples())
     splits["test"] = eval_examples() + splits["test"]
-    for split, examples in splits.items():
+    splits["train"] += authored_examples("t*.jsonl")
+    return splits
+
+
+def main() -> int:
+    for split, examples in build().items():
         examples.sort(key=lambda e: e.window.chat_id)
         write_examples(split_path(split), examples)
         print(f"{split}: {len(examples)} chats")
