@@ -21,8 +21,10 @@ from pipeline import scoring  # noqa: E402
 
 def problems(record: dict) -> list[str]:
     transcript = "\n".join(text for _, text in record["messages"])
-    found = [f"summary names or numbers not in the chat: {missing}"
-             for missing in [scoring.ungrounded(record["summary"], transcript)] if missing]
+    found = []
+    missing = scoring.ungrounded(record["summary"], transcript)
+    if missing:
+        found.append(f"summary names or numbers not in the chat: {missing}")
     if scoring.language_of(record["summary"]) != "en":
         found.append("summary is not recognised as English")
     if record["reply"]:
