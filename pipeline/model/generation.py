@@ -115,13 +115,30 @@ def cut_at_sentence(text: str, limit: int) -> str:
     return cut_at_word(text, limit)
 
 
+MARKERS = r"<(start|end)_of_turn>|<eos>|<bos>"  # what clean_completion blanks out of generated text
+
+
 def clean_completion(text: str, limit: int, sentence_limit: int | None = None) -> str:
     """Generated text as staff see it: one paragraph, no stray markers, within `limit`, and
     within `sentence_limit` cut at a sentence end where one is given."""
-    text = re.sub(r"<(start|end)_of_turn>|<eos>|<bos>", " ", text)
+    text = re.sub(MARKERS, " ", text)
     text = text.strip().strip('"').strip()
     if text and text[-1].isalnum():
         text += "."  # generation stops at the sentence's full stop, which is not kept
     if sentence_limit is not None:
         text = cut_at_sentence(text, sentence_limit)
     return cut_at_word(text, limit)
+
+
+PAST_CUT_MARGIN = len("<start_of_turn>") + 1
+"""How many visible characters past a cut a decoder goes before stopping: a marker split across
+the stop would still be blanked out, and `cut_at_sentence` looks one character past its limit."""
+
+
+def visible_characters(pieces: Sequence[str]) -> np.ndarray:
+    """Per token (its vocabulary piece): how many characters it surely adds to a completion after
+    `clean_completion`, a lower bound (no whitespace, no quotes, nothing from markup or byte pieces).
+    Once a text holds `limit + PAST_CUT_MARGIN` of them its cut at `limit` is final, so decoding it
+    further changes nothing staff see."""
+    return np.array([0 if re.fullmatch(r"<[^<>]*>", piece) else
+                     sum(not c.isspace() and c not in '"\u2581' for c in piece) for piece in pieces], "int32")

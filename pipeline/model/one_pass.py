@@ -11,7 +11,8 @@ For a batch of chats:
    summary greedily;
 3. a row whose reply is wanted (`reply_for`: always, or where its label came out negative)
    is fed the reply cue as soon as its summary ends and decodes the reply on the same cache;
-   other rows stop there.
+   other rows stop there; a reply also stops once its text is surely past the cut staff see
+(`REPLY_CHARS`: `generation.visible_characters`), the same draft in fewer steps.
 Numbers in a summary or reply are the chat's own (`pipeline/model/grounding.py`: a mask on
 each step's logits). Every row advances one position per step, so a row's sequence has no gaps and is exactly
 what it was trained on. The vocabulary projection runs only where a token is read: the
@@ -43,15 +44,24 @@ from pipeline.model.chat_format import (
     SUMMARY_TOKENS,
     Vocabulary,
 )
-from pipeline.model.decode_step import forward_cached, forward_one, shift_positions, step_weights, to_head_major
+from pipeline.model.decode_step import (
+    decoding_cache,
+    forward_cached,
+    forward_one,
+    shift_positions,
+    step_weights,
+    to_head_major,
+)
 from pipeline.model.generation import (
     BATCH_BUCKETS,
     LENGTH_BUCKETS,
+    PAST_CUT_MARGIN,
     PREFILL_OVERHEAD_TOKENS,
     bucket,
     clean_completion,
     padded_rows,
     prefill_groups,
+    visible_characters,
 )
 
 log = logging.getLogger(__name__)
@@ -96,6 +106,7 @@ class OnePassDecoder:
         # Numbers in a summary or reply only from the chat (pipeline/model/grounding.py).
         self.ground_numbers = ground_numbers
         self._token_codes = grounding.token_codes(tokenizer.get_vocabulary()) if ground_numbers else None
+        self._visible = visible_characters(tokenizer.get_vocabulary())
         self.prefill_overhead = PREFILL_OVERHEAD_TOKENS  # see generation.prefill_groups
         self.compiles: list[str] = []
         self._lock = threading.Lock()
@@ -149,6 +160,7 @@ class OnePassDecoder:
         summary_stops = jnp.array([v.summary_end, v.eos], "int32")
         reply_stops = jnp.array([v.eos, v.summary_end], "int32")
         max_summary, max_reply = self.summary_tokens, self.reply_tokens
+        visible, reply_past_cut = jnp.asarray(self._visible), REPLY_CHARS + PAST_CUT_MARGIN
 
         @functools.partial(jax.jit, static_argnames=("label_only",))
         def prefill(state, prompt_ids, key_mask, label_bias, offset, label_only):
@@ -182,7 +194,7 @@ class OnePassDecoder:
             batch, total = key_mask.shape
 
             def step(carry):
-                i, cache, logits, phase, count, cue_at, tokens, phases, number = carry
+                i, cache, logits, phase, count, shown, cue_at, tokens, phases, number = carry
                 may_stop = True
                 if ground:
                     logits = number.mask(logits, numbers, codes, symbols)
@@ -190,7 +202,7 @@ class OnePassDecoder:
                 greedy = jnp.argmax(logits, axis=-1).astype("int32")
                 token = jnp.select(
                     [phase == REPLY_CUE, (phase == SUMMARY) & (count >= max_summary) & may_stop,
-                     (phase == REPLY) & (count >= max_reply) & may_stop],
+                     (phase == REPLY) & ((count >= max_reply) & may_stop | (shown >= reply_past_cut))],
                     [reply_cue[jnp.minimum(cue_at, reply_cue.shape[0] - 1)], v.summary_end, v.eos], greedy)
                 tokens = tokens.at[:, i].set(token)
                 phases = phases.at[:, i].set(phase)
@@ -203,17 +215,18 @@ class OnePassDecoder:
                      jnp.where(cue_at + 1 >= reply_cue.shape[0], REPLY, REPLY_CUE),
                      jnp.where(jnp.isin(token, reply_stops), DONE, REPLY)], DONE)
                 count = jnp.where(next_phase != phase, 0, count + 1)
+                shown = jnp.where(next_phase != phase, 0, shown + visible[token])  # the text's characters
                 cue_at = jnp.where(phase == REPLY_CUE, cue_at + 1, 0)
                 with self._scope(state):
                     logits, cache = forward_one(backbone, weights, token[:, None], cache, total - steps + i, key_mask)
-                return i + 1, cache, logits, next_phase, count, cue_at, tokens, phases, number
+                return i + 1, cache, logits, next_phase, count, shown, cue_at, tokens, phases, number
 
             def running(carry):
-                i, *_, phase, _count, _cue_at, _tokens, _phases, _number = carry
+                i, *_, phase, _count, _shown, _cue_at, _tokens, _phases, _number = carry
                 return (i < steps) & ~jnp.all(phase == DONE)
 
             zeros = jnp.zeros((batch,), "int32")
-            carry = (0, cache, logits, zeros + SUMMARY, zeros, zeros, jnp.zeros((batch, steps), "int32"),
+            carry = (0, cache, logits, zeros + SUMMARY, zeros, zeros, zeros, jnp.zeros((batch, steps), "int32"),
                      jnp.full((batch, steps), DONE, "int32"),
                      grounding.NumberState.start(numbers) if ground else ())
             *_, tokens, phases, _ = jax.lax.while_loop(running, step, carry)
@@ -270,10 +283,10 @@ class OnePassDecoder:
         batch = bucket(len(prompts), BATCH_BUCKETS)
         rows = order + [order[0]] * (batch - len(order))  # the decoding batch's rows, padded with a repeat
         width = length + 1 + len(self.vocabulary.summary_cue)  # the prompts, the label, the summary cue
-        cache = tuple(tuple(self._stack([c[layer][kv] for c in caches], batch, width, steps) for kv in (0, 1))
-                      for layer in range(len(caches[0])))
+        cache = decoding_cache(self.backbone, tuple(tuple(self._stack([c[layer][kv] for c in caches], batch, width)
+                                                          for kv in (0, 1)) for layer in range(len(caches[0]))), steps)
         first = jnp.concatenate(first_logits + [first_logits[0][:1]] * (batch - len(order)))
-        key_mask = padded_rows([prompts[i] for i in rows], extra=cache[0][0].shape[2] - length, left=True)[1]
+        key_mask = padded_rows([prompts[i] for i in rows], extra=width + steps - length, left=True)[1]
         negative = np.argmax(label_logits + bias, axis=-1) == 0  # the label fed in the prefill
         wants_reply = np.array([wants[i] == "all" or (wants[i] == "negative" and negative[i]) for i in rows])
         wants_reply[len(order):] = False
@@ -291,11 +304,10 @@ class OnePassDecoder:
         return results
 
     @staticmethod
-    def _stack(parts, batch: int, width: int, steps: int):
-        """One layer's decoding cache (batch, K, time, H) from the groups' (rows, K, time, H): their
-        rows one after another (the first repeated to fill the batch), each group's positions
-        ending at `width`, then room for `steps` tokens."""
-        parts = [jnp.pad(p, ((0, 0), (0, 0), (width - p.shape[2], steps), (0, 0))) for p in parts]
+    def _stack(parts, batch: int, width: int):
+        """One layer's cache (batch, K, width, H) from the groups' (rows, K, time, H): their rows one
+        after another (the first repeated to fill the batch), each group's positions ending at `width`."""
+        parts = [jnp.pad(p, ((0, 0), (0, 0), (width - p.shape[2], 0), (0, 0))) for p in parts]
         return jnp.concatenate(parts + [parts[0][:1]] * (batch - sum(p.shape[0] for p in parts)))
 
     def _note(self, key: str) -> None:

@@ -10,7 +10,13 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-from pipeline.model.decode_step import forward_cached, forward_one, step_weights, to_head_major  # noqa: E402
+from pipeline.model.decode_step import (  # noqa: E402
+    decoding_cache,
+    forward_cached,
+    forward_one,
+    step_weights,
+    to_head_major,
+)
 
 
 @pytest.fixture(scope="module")
@@ -50,6 +56,27 @@ def test_a_decoding_step_equals_keras_hubs_cached_layers(backbone, index):
     for (k, v), (k_ref, v_ref) in zip(to_head_major(new_cache), expected_cache):  # swapping back is its inverse
         np.testing.assert_allclose(np.asarray(k), np.asarray(k_ref), atol=1e-5)
         np.testing.assert_allclose(np.asarray(v), np.asarray(v_ref), atol=1e-5)
+
+
+@pytest.mark.parametrize("filled", [2, 6])  # the ring starts part empty, and full
+def test_decoding_on_a_ring_of_the_window_equals_keras_hubs_cached_layers(backbone, filled):
+    """`decoding_cache` keeps the sliding-window layers' caches as a ring of their window: step after
+    step, past the window's width, the logits are keras-hub's on its whole cache."""
+    rng = np.random.default_rng(4)
+    batch, steps = 3, 7
+    length = filled + steps
+    cache = random_cache(backbone, rng, batch, length)
+    key_mask = jnp.asarray(np.arange(length)[None, :] >= np.array([[0], [1], [2]]))  # left padding
+    ring = decoding_cache(backbone, tuple((k[:, :, :filled], v[:, :, :filled]) for k, v in to_head_major(cache)), steps)
+    sliding = [layer.attention.use_sliding_window_attention for layer in backbone.transformer_layers]
+    assert [k.shape[2] for k, _ in ring] == [4 if s else length for s in sliding] and any(sliding)
+    weights = step_weights(backbone, "float32")
+    for index in range(filled, length):
+        tokens = jnp.asarray(rng.integers(0, 64, (batch, 1)), "int32")
+        expected, cache = forward_cached(backbone, tokens, cache, index, key_mask)
+        logits, ring = forward_one(backbone, weights, tokens, ring, index, key_mask)
+        expected_logits = backbone.token_embedding(expected, reverse=True)[:, 0, :]
+        np.testing.assert_allclose(np.asarray(logits), np.asarray(expected_logits), rtol=1e-4, atol=1e-4)
 
 
 def test_the_sliding_window_is_applied(backbone):

@@ -13,7 +13,7 @@ import pytest  # noqa: E402
 
 from tests.support.models import tiny_gemma_lm  # noqa: E402
 from pipeline.corpus import load_split  # noqa: E402
-from pipeline.model.chat_format import training_sequence  # noqa: E402
+from pipeline.model.chat_format import REPLY_CHARS, training_sequence  # noqa: E402
 from pipeline.model.one_pass import OnePassDecoder  # noqa: E402
 from pipeline.model.tuning import LoraTrainer, length_batches, pack  # noqa: E402
 
@@ -138,6 +138,27 @@ def test_one_pass_equals_separate_scoring_and_generation(tiny_lm, chats):
         assert output["reply_tokens"] == len([t for t in reply if t not in (v.summary_end, v.eos)])
         assert output["summary"] == decoder._finish(summary, "summary")
         assert output["reply"] == (None if summary[-1] == v.eos else decoder._finish(reply, "reply"))
+
+
+def test_a_reply_stops_once_past_its_cut_with_the_same_draft(tiny_lm, chats):
+    """Decoding a reply stops once its text is surely past the cut staff see (`REPLY_CHARS`): the
+    same draft as plain greedy decoding on to the token limit, in fewer steps."""
+    limit = 200
+    decoder = OnePassDecoder(tiny_lm, summary_tokens=2, reply_tokens=limit, ground_numbers=False, step_dtype="float32")
+    v = decoder.vocabulary
+    prompt = v.prompt(chats[3].window)[0]
+    # past the sliding window: those layers decode on a ring of it (decode_step.decoding_cache)
+    assert len(prompt) + limit > tiny_lm.backbone.sliding_window_size
+    output = decoder._run_batch([prompt], ["all"])[0]
+    width = len(prompt) + 1 + len(v.summary_cue) + 3 + len(v.reply_cue) + limit
+    head = prompt + [v.labels[int(np.argmax(output["label_logits"]))], *v.summary_cue]
+    summary = greedy_without_cache(tiny_lm, head, {v.summary_end, v.eos}, 2, width)
+    assert summary[-1] != v.eos
+    ended = summary if summary[-1] == v.summary_end else summary + [v.summary_end]
+    reply = greedy_without_cache(tiny_lm, head + ended + list(v.reply_cue), {v.eos, v.summary_end}, limit, width)
+    assert len(decoder._finish(reply, "reply")) > REPLY_CHARS // 2  # a draft cut at REPLY_CHARS
+    assert output["reply_tokens"] < len(reply) - 10
+    assert output["reply"] == decoder._finish(reply, "reply")
 
 
 def test_reply_for_negative_replies_where_the_label_comes_out_negative(tiny_lm, chats):
