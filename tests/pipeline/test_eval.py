@@ -109,13 +109,10 @@ def test_injection_chats_hold_when_label_and_format_survive():
 
 
 @pytest.mark.slow
-def test_the_shipped_adapter_is_the_default_and_beats_the_base_model(model_cache, capsys):
-    """`gemma3-270m` is base + the committed adapter, proven by its manifest; on the first 24 `test`
-    chats it clears floors set above the untuned model's full-`test` figures (README table).
-
-    The README has this adapter's figures on all of `test` and the issue's bars it does not meet
-    (summary and reply overlap). These floors guard against losing what tuning and the decoder
-    bought.
+def test_the_shipped_adapter_is_the_default_and_meets_the_bars_on_test(model_cache, capsys):
+    """`gemma3-270m` is base + the committed adapter, proven by its manifest; on all of `test` (233
+    chats, ~7 minutes here) it meets the issue's bars beside VADER, except the two overlap figures
+    the README reports as not met or met narrowly: those are held to floors here.
     """
     import hashlib
 
@@ -130,18 +127,19 @@ def test_the_shipped_adapter_is_the_default_and_beats_the_base_model(model_cache
     source = resolve_model(GGUF_SPEC, model_cache)
     assert source.tuned and source.model_id.startswith(f"{manifest['base_model']}+chatlens-gemma3-270m@")
     assert source.calibration == LabelCalibration.from_json(manifest["label_calibration"]) != LabelCalibration()
-    assert main(["eval", "--split", "test", "--limit", "24", "--no-vader", "--model-cache", str(model_cache),
-                 "--json"]) == 0
-    tuned = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["systems"]["gemma3-270m"]
+    assert main(["eval", "--split", "test", "--model-cache", str(model_cache), "--json"]) == 0
+    systems = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["systems"]
+    tuned, vader = systems["gemma3-270m"], systems["vader"]
     assert tuned["model_id"] == source.model_id and tuned["prompt_version"] == "tuned-one-pass-v1"
     print(json.dumps(tuned))
-    # base on all of test: sentiment accuracy 0.489, summary ROUGE-L 0.217 / grounded 82.4%, reply
-    # ROUGE-L 0.087 / grounded 90% / in language 58.9%. The shipped adapter gets all 24 labels right
-    # (2026-11-24); at most 4 wrong leaves room for float noise, none for an untuned model. (On 24
-    # chats macro-F1 and calibration error are noise; the README has all of test.)
-    assert tuned["sentiment"]["accuracy"] >= 0.8
-    # grounded: 23 of 24 (2026-11-25; numbers are held to the chat, names are not): at most 2 misses
-    assert tuned["summary"]["rouge_l"] >= 0.30 and tuned["summary"]["grounded"] >= 0.9
-    assert tuned["summary"]["over_limit"] == 0  # the decoder ends summaries within 240 characters
-    assert tuned["reply"]["rouge_l"] >= 0.15 and tuned["reply"]["in_language"] >= 0.85
-    assert tuned["reply"]["placeholders"] == 0
+    sentiment, summary, reply = tuned["sentiment"], tuned["summary"], tuned["reply"]
+    assert sentiment["n"] == summary["n"] == 233 and reply["n"] == 90
+    assert sentiment["macro_f1"] >= 0.85 and sentiment["macro_f1"] >= vader["sentiment"]["macro_f1"] + 0.15
+    assert sentiment["ece"] <= 0.08
+    assert summary["grounded"] >= 0.95 and summary["over_limit"] == 0
+    assert reply["grounded"] >= 0.95 and reply["in_language"] >= 0.95 and reply["placeholders"] == 0
+    assert tuned["injection"]["held"] >= 0.95
+    # The bars are 0.45 and 0.35. Measured with this adapter (README): summary 0.451, within the
+    # ~0.004 that greedy near-ties move it from one CPU to another; reply 0.267, not met. Floors
+    # that keep what tuning bought (the base model: 0.217 and 0.087).
+    assert summary["rouge_l"] >= 0.44 and reply["rouge_l"] >= 0.25
