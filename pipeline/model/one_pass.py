@@ -12,7 +12,7 @@ For a batch of chats:
 3. a row whose reply is wanted (`reply_for`: always, or where its label came out negative)
    is fed the reply cue as soon as its summary ends and decodes the reply on the same cache;
    other rows stop there; a reply also stops once its text is surely past the cut staff see
-(`REPLY_CHARS`: `generation.visible_characters`), the same draft in fewer steps.
+   (`REPLY_CHARS`: `generation.visible_characters`), the same draft in fewer steps.
 Numbers in a summary or reply are the chat's own (`pipeline/model/grounding.py`: a mask on
 each step's logits). Every row advances one position per step, so a row's sequence has no gaps and is exactly
 what it was trained on. The vocabulary projection runs only where a token is read: the
