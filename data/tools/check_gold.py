@@ -16,11 +16,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from data.tools.build import window_of  # noqa: E402
 from pipeline import scoring  # noqa: E402
+from pipeline.evaluate import transcript_text  # noqa: E402
 
 
 def problems(record: dict) -> list[str]:
-    transcript = "\n".join(text for _, text in record["messages"])
+    transcript = transcript_text(window_of(record))  # the text the eval checks against
     found = []
     missing = scoring.ungrounded(record["summary"], transcript)
     if missing:

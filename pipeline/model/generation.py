@@ -115,13 +115,13 @@ def cut_at_sentence(text: str, limit: int) -> str:
     return cut_at_word(text, limit)
 
 
-MARKERS = r"<(start|end)_of_turn>|<eos>|<bos>"  # what clean_completion blanks out of generated text
+MARKERS = ("<start_of_turn>", "<end_of_turn>", "<eos>", "<bos>")  # what clean_completion blanks out
 
 
 def clean_completion(text: str, limit: int, sentence_limit: int | None = None) -> str:
     """Generated text as staff see it: one paragraph, no stray markers, within `limit`, and
     within `sentence_limit` cut at a sentence end where one is given."""
-    text = re.sub(MARKERS, " ", text)
+    text = re.sub("|".join(map(re.escape, MARKERS)), " ", text)
     text = text.strip().strip('"').strip()
     if text and text[-1].isalnum():
         text += "."  # generation stops at the sentence's full stop, which is not kept
@@ -130,7 +130,7 @@ def clean_completion(text: str, limit: int, sentence_limit: int | None = None) -
     return cut_at_word(text, limit)
 
 
-PAST_CUT_MARGIN = len("<start_of_turn>") + 1
+PAST_CUT_MARGIN = max(map(len, MARKERS)) + 1
 """How many visible characters past a cut a decoder goes before stopping: a marker split across
 the stop would still be blanked out, and `cut_at_sentence` looks one character past its limit."""
 

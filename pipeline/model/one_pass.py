@@ -105,8 +105,9 @@ class OnePassDecoder:
         self.calibration = calibration
         # Numbers in a summary or reply only from the chat (pipeline/model/grounding.py).
         self.ground_numbers = ground_numbers
-        self._token_codes = grounding.token_codes(tokenizer.get_vocabulary()) if ground_numbers else None
-        self._visible = visible_characters(tokenizer.get_vocabulary())
+        pieces = tokenizer.get_vocabulary()
+        self._token_codes = grounding.token_codes(pieces) if ground_numbers else None
+        self._visible = visible_characters(pieces)
         self.prefill_overhead = PREFILL_OVERHEAD_TOKENS  # see generation.prefill_groups
         self.compiles: list[str] = []
         self._lock = threading.Lock()
