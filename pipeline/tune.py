@@ -30,7 +30,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from pipeline.corpus import DATA_DIR, Example, load_split, split_path
-from pipeline.model.sources import SHIPPED_ADAPTER, ModelSpecError, adapter_name, manifest_path
+from pipeline.model.sources import (DEFAULT_LORA_TARGETS, SHIPPED_ADAPTER, ModelSpecError, adapter_name,
+                                    manifest_path)
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +51,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, default=SHIPPED_ADAPTER,
                         help="adapter file to write, ending in .lora.h5 (default: the shipped adapter)")
     parser.add_argument("--rank", type=int, default=16, help="LoRA rank (default: %(default)s)")
+    parser.add_argument("--lora-targets", default=",".join(DEFAULT_LORA_TARGETS), metavar="NAMES",
+                        help="comma-separated names of the layers LoRA trains: keras-hub's attention query and "
+                             "value, and for more capacity the feed-forward ffw_gating, ffw_gating_2, ffw_linear "
+                             "(default: %(default)s)")
     parser.add_argument("--learning-rate", type=float, default=1e-3, help="peak learning rate (default: %(default)s)")
     parser.add_argument("--epochs", type=int, default=2,
                         help="most passes over the training data; the epoch with the lowest dev loss is kept "
@@ -107,6 +112,7 @@ def run(args: argparse.Namespace) -> int:
     use_default_env()  # before keras is imported: the JAX backend
     from pipeline.model.one_pass import OnePassEngine
     from pipeline.model.sources import load_causal_lm
+    from pipeline.model.tuning import load_adapter
 
     try:
         name = adapter_name(args.out)
@@ -119,7 +125,7 @@ def run(args: argparse.Namespace) -> int:
     dev = load_split("dev", args.data_dir)[: args.dev_limit]
     if args.recalibrate:
         manifest = read_manifest(args.out, "--recalibrate")
-        lm.backbone.load_lora_weights(str(args.out))
+        load_adapter(lm.backbone, str(args.out))
     else:
         manifest = train(args, lm, engine, dev)
         manifest["base_model"], manifest["base_spec"] = source.model_id, args.model
@@ -147,15 +153,16 @@ def train(args: argparse.Namespace, lm, engine, dev: list[Example]) -> dict:
     dev_seqs = [encode(e) for e in dev]
     epoch_steps = steps_per_epoch(train_seqs, args.batch_tokens, args.seed)
     total = epoch_steps * args.epochs
-    trainer = LoraTrainer(lm.backbone, args.rank, args.learning_rate, total, args.seed)
+    trainer = LoraTrainer(lm.backbone, args.rank, args.learning_rate, total, args.seed, targets=targets(args))
     args.checkpoint_dir.mkdir(parents=True, exist_ok=True)
     checkpoint = args.checkpoint_dir / "checkpoint.npz"
     best_epoch = args.checkpoint_dir / "best-epoch.npz"  # the adapter of the lowest dev loss so far
     progress = {"step": 0, "history": []}
     if not args.resume:
         best_epoch.unlink(missing_ok=True)  # from an earlier run
-    started_from = start_from(args, trainer) if args.start_from else None
-    if args.resume and checkpoint.exists():
+    resuming = args.resume and checkpoint.exists()
+    started_from = start_from(args, trainer, load=not resuming) if args.start_from else None
+    if resuming:
         arrays = dict(np.load(checkpoint))
         progress = json.loads(str(arrays.pop("progress")))
         trainer.restore(arrays)
@@ -206,7 +213,7 @@ def train(args: argparse.Namespace, lm, engine, dev: list[Example]) -> dict:
         "adapter": args.out.name,
         "training_data": {"files": ["data/train.jsonl"] + (["dashboard"] if args.from_dashboard else []),
                           "sha256": data_sha, "chats": len(train_set), "from_dashboard": taught},
-        "hyperparameters": {"rank": args.rank, "learning_rate": args.learning_rate, "epochs": args.epochs,
+        "hyperparameters": {"rank": args.rank, "targets": list(targets(args)), "learning_rate": args.learning_rate, "epochs": args.epochs,
                             "batch_tokens": args.batch_tokens, "optimizer": "AdamW, cosine decay, 5% warm-up",
                             "max_prompt_tokens": engine.decoder.max_prompt_tokens},
         "seed": args.seed,
@@ -215,6 +222,10 @@ def train(args: argparse.Namespace, lm, engine, dev: list[Example]) -> dict:
         "chosen_epoch": chosen,
         "train_seconds": round(progress.get("train_seconds", 0.0), 1),  # optimizer steps, over every --resume
     }
+
+
+def targets(args: argparse.Namespace) -> tuple[str, ...]:
+    return tuple(name.strip() for name in args.lora_targets.split(",") if name.strip())
 
 
 def read_manifest(adapter: Path, option: str) -> dict:
@@ -227,16 +238,21 @@ def read_manifest(adapter: Path, option: str) -> dict:
         raise SystemExit(f"{option}: no manifest beside {adapter}") from None
 
 
-def start_from(args: argparse.Namespace, trainer) -> dict:
-    """Load the adapter of `--start-from` into the trainer; what the manifest says of it (its own
-    training, so the chain of runs behind an adapter stays on record)."""
+def start_from(args: argparse.Namespace, trainer, load: bool) -> dict:
+    """Check the adapter of `--start-from` fits this run and load it into the trainer (unless a
+    checkpoint will replace it); what the manifest says of it (its own training, so the chain of
+    runs behind an adapter stays on record)."""
     earlier = read_manifest(args.start_from, "--start-from")
     if earlier["hyperparameters"]["rank"] != args.rank:
         raise SystemExit(f"--start-from: that adapter has rank {earlier['hyperparameters']['rank']}, "
                          f"this run --rank {args.rank}")
+    missing = set(earlier["hyperparameters"].get("targets", DEFAULT_LORA_TARGETS)) - set(targets(args))
+    if missing:
+        raise SystemExit(f"--start-from: that adapter trains {sorted(missing)}, which --lora-targets leaves out")
     if earlier.get("base_spec") not in (None, args.model):
         raise SystemExit(f"--start-from: that adapter was tuned on {earlier['base_spec']}, this run on {args.model}")
-    trainer.start_from(str(args.start_from))
+    if load:
+        trainer.start_from(str(args.start_from))
     return {key: earlier[key] for key in ("adapter", "adapter_sha256", "training_data", "hyperparameters", "seed",
                                           "history", "chosen_epoch", "train_seconds", "started_from") if key in earlier}
 

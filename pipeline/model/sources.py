@@ -50,6 +50,9 @@ BASE_SPEC = "gemma3-270m-base"  # the bundled GGUF without it
 MARKER = "chatlens.json"
 SHIPPED_ADAPTER = Path(__file__).resolve().parent / "adapters" / "chatlens-gemma3-270m.lora.h5"
 ADAPTER_SUFFIX = ".lora.h5"
+# keras-hub's LoRA targets for Gemma (`default_lora_layer_names`); an adapter may name more, e.g.
+# the feed-forward projections ffw_gating, ffw_gating_2 and ffw_linear (`chatlens tune --lora-targets`).
+DEFAULT_LORA_TARGETS = ("query", "value")
 _INSTRUCT = re.compile(r"instruct|(?:^|[-_/])it(?:$|[-_/])", re.IGNORECASE)
 
 
@@ -243,8 +246,10 @@ def _with_adapter(base: ModelSource, adapter: Path, cache_dir: Path) -> ModelSou
     preset_dir = cache_dir / "models" / re.sub(r"[^A-Za-z0-9_.@+-]+", "_", f"{base.model_id}+{name}-{digest[:8]}")
 
     def merge(staging: Path) -> None:
+        from pipeline.model.tuning import load_adapter
+
         lm = base.load()
-        lm.backbone.load_lora_weights(str(adapter))
+        load_adapter(lm.backbone, str(adapter))
         lm.save_to_preset(str(staging))  # Keras saves a LoRA layer's kernel with the adapter merged in
 
     return ModelSource(spec=f"{base.spec}+{adapter}", kind="preset_dir", preset=str(preset_dir), model_id=model_id,

@@ -21,6 +21,7 @@ from typing import NamedTuple
 
 os.environ.setdefault("KERAS_BACKEND", "jax")
 
+import h5py  # noqa: E402
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import keras  # noqa: E402
@@ -28,6 +29,7 @@ import numpy as np  # noqa: E402
 
 from pipeline.model.chat_format import TrainingSequence  # noqa: E402
 from pipeline.model.generation import LENGTH_BUCKETS, bucket  # noqa: E402
+from pipeline.model.sources import DEFAULT_LORA_TARGETS  # noqa: E402
 
 log = logging.getLogger(__name__)
 
@@ -121,10 +123,10 @@ class LoraTrainer:
     """
 
     def __init__(self, backbone, rank: int, learning_rate: float, total_steps: int, seed: int,
-                 warmup_steps: int | None = None):
+                 warmup_steps: int | None = None, targets: Sequence[str] = DEFAULT_LORA_TARGETS):
         keras.utils.set_random_seed(seed)
         self.backbone = backbone
-        backbone.enable_lora(rank)
+        backbone.enable_lora(rank, target_layer_names=list(targets))
         warmup = warmup_steps if warmup_steps is not None else max(1, total_steps // 20)
         schedule = keras.optimizers.schedules.CosineDecay(
             0.0, decay_steps=max(1, total_steps - warmup), warmup_target=learning_rate, warmup_steps=warmup)
@@ -174,8 +176,9 @@ class LoraTrainer:
         return total / count if count else float("nan")
 
     def start_from(self, adapter: str) -> None:
-        """Begin at a saved adapter's LoRA weights (same rank) instead of a fresh LoRA."""
-        self.backbone.load_lora_weights(adapter)
+        """Begin at a saved adapter's LoRA weights (same rank) instead of a fresh LoRA; layers it
+        lacks (targets this run adds) start fresh, changing nothing until trained."""
+        load_adapter(self.backbone, adapter)
         self.trainable = [v.value for v in self.backbone.trainable_variables]
 
     def sync(self) -> None:
@@ -192,6 +195,35 @@ class LoraTrainer:
         self.trainable = [jnp.asarray(arrays[f"lora/{i}"]) for i in range(len(self.trainable))]
         self.optimizer_state = [jnp.asarray(arrays[f"optimizer/{i}"]) for i in range(len(self.optimizer_state))]
         self.sync()
+
+
+def _lora_layers(backbone) -> list:
+    """keras-hub's numbering of an adapter's layers: the backbone's layers that hold weights, in order."""
+    return [layer for layer in backbone._flatten_layers(include_self=False) if layer.weights]
+
+
+def load_adapter(backbone, adapter: str) -> None:
+    """`backbone.load_lora_weights` for an adapter on any layers, not only keras-hub's default targets.
+
+    keras-hub's file names layers by index and holds no target names, and its loader enables LoRA on
+    the default targets only. Here LoRA is enabled on the layers the file holds (by their names),
+    unless the backbone already has it, then every layer in the file is filled from it.
+    """
+    layers = _lora_layers(backbone)
+    with h5py.File(adapter, "r") as store:
+        lora = store["lora"]
+        rank = int(lora["vars/rank"][()])
+        held = sorted(int(key) for key in lora if key.isdigit())
+        if not getattr(backbone, "_lora_enabled_layers", []):
+            backbone.enable_lora(rank, target_layer_names=sorted({layers[i].name for i in held}))
+        elif backbone._lora_rank != rank:
+            raise ValueError(f"adapter {adapter}: LoRA rank {rank}, the model has rank {backbone._lora_rank}")
+        missing = sorted({layers[i].name for i in held} - {layers[i].name for i in backbone._lora_enabled_layers})
+        if missing:
+            raise ValueError(f"adapter {adapter}: LoRA on {missing}, which this model does not train")
+        for i in held:
+            layers[i].lora_kernel_a.assign(lora[f"{i}/vars/lora_kernel_a"][()])
+            layers[i].lora_kernel_b.assign(lora[f"{i}/vars/lora_kernel_b"][()])
 
 
 def _arrays(batch: Batch) -> Batch:

@@ -86,6 +86,42 @@ def test_a_tiny_tune_lowers_the_loss_and_its_adapter_reloads(tiny_lm, model_cach
     assert resumed.loss(iter(batches)) == pytest.approx(after, abs=1e-5)
 
 
+def test_a_run_can_widen_an_adapter_to_the_feed_forward_layers_and_reload_it(tiny_lm, model_cache, chats, tmp_path):
+    from pipeline.model.tuning import load_adapter
+
+    seqs = sequences(OnePassDecoder(tiny_lm), chats)
+    batches = [pack([seqs[i] for i in b]) for b in length_batches(seqs, 4096, seed=0)]
+    narrow = LoraTrainer(tiny_gemma_lm(model_cache).backbone, rank=4, learning_rate=1e-1, total_steps=4, seed=0,
+                         warmup_steps=1)
+    for batch in batches:
+        narrow.step(batch)
+    narrow.sync()
+    attention_only = tmp_path / "narrow.lora.h5"
+    narrow.backbone.save_lora_weights(str(attention_only))
+    wide_targets = ("query", "value", "ffw_gating", "ffw_gating_2", "ffw_linear")
+    wide = LoraTrainer(tiny_gemma_lm(model_cache).backbone, rank=4, learning_rate=1e-1, total_steps=12, seed=1,
+                       warmup_steps=1, targets=wide_targets)
+    wide.start_from(str(attention_only))  # the feed-forward LoRA starts at zero: the same model as the narrow one
+    assert wide.loss(iter(batches)) == pytest.approx(narrow.loss(iter(batches)), abs=1e-5)
+    started = wide.loss(iter(batches))
+    for _ in range(3):
+        for batch in batches:
+            wide.step(batch)
+    assert wide.loss(iter(batches)) < started - 5e-3
+    wide.sync()
+    adapter = tmp_path / "wide.lora.h5"
+    wide.backbone.save_lora_weights(str(adapter))
+    fresh = tiny_gemma_lm(model_cache)
+    load_adapter(fresh.backbone, str(adapter))  # keras-hub's own loader would enable query and value only
+    assert sorted({layer.name for layer in fresh.backbone._flatten_layers(include_self=False)
+                   if getattr(layer, "lora_enabled", False)}) == sorted(wide_targets)
+    inputs = {"token_ids": batches[0].token_ids, "padding_mask": batches[0].padding_mask}
+    np.testing.assert_allclose(np.asarray(fresh.backbone(inputs)), np.asarray(wide.backbone(inputs)), atol=1e-5)
+    with pytest.raises(ValueError, match="ffw_gating"):  # a narrower model cannot take it
+        load_adapter(LoraTrainer(tiny_gemma_lm(model_cache).backbone, rank=4, learning_rate=1e-1, total_steps=1,
+                                 seed=0).backbone, str(adapter))
+
+
 def last_logits(lm, tokens: list[int], width: int):
     """The logits after `tokens`, from one full forward pass (no cache).
 
@@ -212,7 +248,7 @@ def test_an_adapter_is_merged_once_into_a_cached_preset_that_gives_the_tuned_log
     base_dir = tmp_path / "tiny-base"
     tiny_gemma_lm(model_cache).save_to_preset(str(base_dir))
     tuned = tiny_gemma_lm(model_cache)
-    tuned.backbone.enable_lora(4)
+    tuned.backbone.enable_lora(4, target_layer_names=["query", "value", "ffw_gating", "ffw_linear"])  # beyond the default
     for variable in tuned.backbone.trainable_variables:  # a LoRA that changes something (B starts at zero)
         variable.assign(np.random.default_rng(0).normal(0, 0.5, variable.shape).astype("float32"))
     adapter = tmp_path / "support-v1.lora.h5"
