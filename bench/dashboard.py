@@ -153,12 +153,13 @@ def bulk_rows(insight, raw: bytes, received_at: datetime, message_id: str | None
 
     chat = Chat(chat_id=insight.chat_id, version=1, windows_seen=1, first_seen_at=received_at,
                 updated_at=received_at, updated_by=SYSTEM_ACTOR, assignee=None, corrected_sentiment=None)
-    _apply_window(chat, insight, _chat_body(insight))
+    row = insight_row(insight, raw, message_id, received_at)
+    _apply_window(chat, insight, row, _chat_body(insight))
     chat_row = {column.key: getattr(chat, column.key) for column in Chat.__table__.columns}
     event_row = dict(at=received_at, kind="chat", chat_id=insight.chat_id, data={
         "chat_id": insight.chat_id, "action": "insight", "window_id": insight.window_id, "current": True,
         "version": 1, "sentiment": sentiments.name(insight.sentiment), "actor": SYSTEM_ACTOR})
-    return insight_row(insight, raw, message_id, received_at), chat_row, event_row
+    return row, chat_row, event_row
 
 
 def write_batch(db, rows: list[tuple[dict, dict, dict]], events_from: int = 0) -> None:

@@ -89,11 +89,11 @@ def insight_row(insight: ChatInsight, raw: bytes, message_id: str | None, receiv
     )
 
 
-def _apply_window(chat: Chat, insight: ChatInsight, body: str) -> None:
-    """Make `insight` the chat's current window: new text, new draft, back to review."""
-    values = analysis_values(insight)
+def _apply_window(chat: Chat, insight: ChatInsight, row: dict[str, Any], body: str) -> None:
+    """Make `insight` (stored as `row`, its `insight_row`) the chat's current window: new text, new
+    draft, back to review."""
     for column, field in CHAT_WINDOW_COPY.items():
-        setattr(chat, column, values[field])
+        setattr(chat, column, row[field])
     chat.tenant = insight.tenant
     chat.customer_id = insight.customer_id
     chat.language = insight.language
@@ -126,14 +126,15 @@ def _store_insight(db: Database, insight: ChatInsight, raw: bytes, message_id: s
         if exists is not None:
             return Outcome.duplicate, False
         last_message_at = insight.transcript[-1].sent_at
-        session.add(Insight(**insight_row(insight, raw, message_id, received_at)))
+        row = insight_row(insight, raw, message_id, received_at)
+        session.add(Insight(**row))
         chat = session.get(Chat, insight.chat_id, with_for_update=True)
         body = _chat_body(insight)
         current = True
         if chat is None:
             chat = Chat(chat_id=insight.chat_id, version=1, windows_seen=1, first_seen_at=received_at,
                         updated_at=received_at, updated_by=SYSTEM_ACTOR)
-            _apply_window(chat, insight, body)
+            _apply_window(chat, insight, row, body)
             session.add(chat)
         else:
             chat.windows_seen += 1
@@ -142,7 +143,7 @@ def _store_insight(db: Database, insight: ChatInsight, raw: bytes, message_id: s
             if current:
                 before = _review_state(chat)
                 reviewed = chat.status != "new" or chat.draft_edited
-                _apply_window(chat, insight, body)
+                _apply_window(chat, insight, row, body)
                 chat.version += 1
                 chat.updated_at = received_at
                 chat.updated_by = SYSTEM_ACTOR
