@@ -22,7 +22,8 @@ import sqlite3
 import subprocess
 import time
 from collections import Counter
-from contextlib import closing
+from collections.abc import Iterator
+from contextlib import closing, contextmanager
 from pathlib import Path
 
 import pytest
@@ -129,6 +130,35 @@ def tail(service: Service | PipelineProcess) -> str:
     return f"----- {service.log_path.name} -----\n{service.log_tail(60)}"
 
 
+def stop(service: Service | PipelineProcess) -> None:
+    """Stop a service for good; a pipeline a test froze (SIGSTOP) is woken first so that it can die."""
+    if isinstance(service, Service):
+        service.kill()
+        return
+    if service.process is not None:
+        try:
+            os.killpg(service.process.pid, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+    service.stop(signal.SIGKILL, 10)
+
+
+@contextmanager
+def running() -> Iterator[list]:
+    """The services a test starts, listed as they start: on a failure their logs' tails are
+    printed, and at the end every one is stopped."""
+    services: list = []
+    try:
+        yield services
+    except BaseException:
+        for service in services:
+            print(tail(service))
+        raise
+    finally:
+        for service in services:
+            stop(service)
+
+
 class Tap:
     """Extra subscriptions on the insights and dead-letter topics: what the pipeline published, as it comes.
 
@@ -218,12 +248,10 @@ def test_kill_9_pipeline_mid_batch_and_dashboard_mid_store_stores_each_input_exa
 
     monkeypatch.setenv("PUBSUB_EMULATOR_HOST", pubsub_server)
     ensure_layout(PROJECT)
-    tap = Tap(PROJECT)
     database = tmp_path / "dashboard.db"
     good, bad = windows("k", 300), malformed("k")
     total = len(good) + len(bad)
-    services: list = []
-    try:
+    with closing(Tap(PROJECT)) as tap, running() as services:
         first = pipeline(tmp_path, pubsub_server, "pipeline-1").start()
         services.append(first)
         wait_for(lambda: first.log_contains("running;"), 60, 0.2, "the pipeline to run", services)
@@ -258,14 +286,6 @@ def test_kill_9_pipeline_mid_batch_and_dashboard_mid_store_stores_each_input_exa
               f"{len(tap)} outcomes published in all, {len(tap) - total} of them again after the kill")
         assert_exactly_once(database, good, bad)
         assert second.alive() and again.alive()
-    except BaseException:
-        for service in services:
-            print(tail(service))
-        raise
-    finally:
-        for service in services:
-            service.kill() if isinstance(service, Service) else service.stop(signal.SIGKILL, 10)
-        tap.close()
 
 
 @pytest.mark.slow  # `chatlens pipeline` and `chatlens dashboard` subprocesses, end to end
@@ -279,12 +299,10 @@ def test_pipeline_frozen_past_its_leases_publishes_again_and_each_input_is_still
 
     monkeypatch.setenv("PUBSUB_EMULATOR_HOST", pubsub_server)
     ensure_layout(PROJECT)
-    tap = Tap(PROJECT)
     database = tmp_path / "dashboard.db"
     good, bad = windows("z", 100), malformed("z")
     total = len(good) + len(bad)
-    services: list = []
-    try:
+    with closing(Tap(PROJECT)) as tap, running() as services:
         services.append(dashboard(tmp_path, pubsub_server, database, free_port()).start())
         first = pipeline(tmp_path, pubsub_server, "pipeline-1").start()
         services.append(first)
@@ -314,19 +332,6 @@ def test_pipeline_frozen_past_its_leases_publishes_again_and_each_input_is_still
         # letter is published within milliseconds of its read, so only sometimes (see the test below)
         assert again > 0, "the woken pipeline sent nothing again: no duplicate was tested"
         assert_exactly_once(database, good, bad)
-    except BaseException:
-        for service in services:
-            print(tail(service))
-        raise
-    finally:
-        for service in services:
-            if not isinstance(service, Service) and service.process is not None:
-                try:
-                    os.killpg(service.process.pid, signal.SIGCONT)
-                except ProcessLookupError:
-                    pass
-            service.kill() if isinstance(service, Service) else service.stop(signal.SIGKILL, 10)
-        tap.close()
 
 
 def test_a_dead_letter_published_again_for_a_redelivered_input_is_one_row(tmp_path):
@@ -382,46 +387,40 @@ def test_pubsub_server_restart_under_running_dashboard_and_pipeline_recovers_una
     database = tmp_path / "dashboard.db"
     before, before_bad = windows("a", 20), malformed("a")
     after, after_bad = windows("b", 20), malformed("b")
-    services: list = []
     try:
-        server = processes.start(DemoService("pubsub", chatlens_argv("pubsub-emulator", "--port", str(port)),
-                                             restart=True))
-        wait_ready(host, 30)
-        ensure_layout(PROJECT)
-        watchdog = pubsub_watchdog(PROJECT, host).start()
-        services.append(dashboard(tmp_path, host, database, free_port()).start())
-        services.append(pipeline(tmp_path, host).start())
-        publish_all(topic_path(PROJECT, LAYOUT.windows_topic), interleave(before, before_bad))
-        wait_for(lambda: rows(database) >= len(before) + len(before_bad), 90, 0.2, "the first inputs", services)
+        with running() as services:
+            server = processes.start(DemoService("pubsub", chatlens_argv("pubsub-emulator", "--port", str(port)),
+                                                 restart=True))
+            wait_ready(host, 30)
+            ensure_layout(PROJECT)
+            watchdog = pubsub_watchdog(PROJECT, host).start()
+            services.append(dashboard(tmp_path, host, database, free_port()).start())
+            services.append(pipeline(tmp_path, host).start())
+            publish_all(topic_path(PROJECT, LAYOUT.windows_topic), interleave(before, before_bad))
+            wait_for(lambda: rows(database) >= len(before) + len(before_bad), 90, 0.2, "the first inputs", services)
 
-        os.killpg(server.process.pid, signal.SIGKILL)
-        server.process.wait(10)
-        down = time.monotonic()
-        wait_for(lambda: bool(processes.revive()), 30, 0.5, "the process group to start the server again")
-        wait_ready(host, 30)
-        back = time.monotonic() - down
-        wait_for(lambda: watchdog.restorations >= 1, 30, 0.2, "the watchdog to re-create the layout", services)
-        restored = time.monotonic() - down
-        publish_all(topic_path(PROJECT, LAYOUT.windows_topic), interleave(after, after_bad))
-        published = time.monotonic()
-        took = wait_for(lambda: rows(database) >= len(before) + len(before_bad) + len(after) + len(after_bad), 90,
-                        0.2, "the inputs published after the restart", services)
-        time.sleep(3)  # nothing more may arrive
-        print(f"\nserver killed; answering again after {back:.1f} s, layout re-created after {restored:.1f} s; "
-              f"{len(after)} windows + {len(after_bad)} malformed published then were all stored "
-              f"{took:.1f} s after the publish ({time.monotonic() - published:.1f} s with the settle time); "
-              "longest publish->analysed, analysed->stored: %.1f s, %.1f s before the restart, %.1f s, %.1f s after"
-              % (*latencies(database, "a"), *latencies(database, "b")))
-        assert_exactly_once(database, before + after, before_bad + after_bad)
-        assert all(s.alive() for s in services), "a service died instead of reconnecting"
-        assert server.restarts == 1 and watchdog.restorations == 1
-    except BaseException:
-        for service in services:
-            print(tail(service))
-        raise
+            os.killpg(server.process.pid, signal.SIGKILL)
+            server.process.wait(10)
+            down = time.monotonic()
+            wait_for(lambda: bool(processes.revive()), 30, 0.5, "the process group to start the server again")
+            wait_ready(host, 30)
+            back = time.monotonic() - down
+            wait_for(lambda: watchdog.restorations >= 1, 30, 0.2, "the watchdog to re-create the layout", services)
+            restored = time.monotonic() - down
+            publish_all(topic_path(PROJECT, LAYOUT.windows_topic), interleave(after, after_bad))
+            published = time.monotonic()
+            took = wait_for(lambda: rows(database) >= len(before) + len(before_bad) + len(after) + len(after_bad), 90,
+                            0.2, "the inputs published after the restart", services)
+            time.sleep(3)  # nothing more may arrive
+            print(f"\nserver killed; answering again after {back:.1f} s, layout re-created after {restored:.1f} s; "
+                  f"{len(after)} windows + {len(after_bad)} malformed published then were all stored "
+                  f"{took:.1f} s after the publish ({time.monotonic() - published:.1f} s with the settle time); "
+                  "longest publish->analysed, analysed->stored: %.1f s, %.1f s before the restart, %.1f s, %.1f s after"
+                  % (*latencies(database, "a"), *latencies(database, "b")))
+            assert_exactly_once(database, before + after, before_bad + after_bad)
+            assert all(s.alive() for s in services), "a service died instead of reconnecting"
+            assert server.restarts == 1 and watchdog.restorations == 1
     finally:
-        for service in services:
-            service.kill() if isinstance(service, Service) else service.stop(signal.SIGKILL, 10)
         if watchdog is not None:
             watchdog.stop()
         processes.stop()
