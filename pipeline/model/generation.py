@@ -118,13 +118,30 @@ def cut_at_sentence(text: str, limit: int) -> str:
 MARKERS = ("<start_of_turn>", "<end_of_turn>", "<eos>", "<bos>")  # what clean_completion blanks out
 
 
+def drop_repeated_sentences(text: str) -> str:
+    """The text without a sentence that says word for word what an earlier one said.
+
+    A small model that loses its way in a language it was not tuned on can loop a whole sentence
+    (seen in Czech); staff would have to delete it. Case and punctuation do not make a sentence new.
+    """
+    seen, kept = set(), []
+    for sentence in re.split(r"(?<=[.!?])\s+", text):
+        words = " ".join(re.findall(r"\w+", sentence.lower()))
+        if words and words in seen:
+            continue
+        seen.add(words)
+        kept.append(sentence)
+    return " ".join(kept)
+
+
 def clean_completion(text: str, limit: int, sentence_limit: int | None = None) -> str:
-    """Generated text as staff see it: one paragraph, no stray markers, within `limit`, and
-    within `sentence_limit` cut at a sentence end where one is given."""
+    """Generated text as staff see it: one paragraph, no stray markers, no sentence said twice,
+    within `limit`, and within `sentence_limit` cut at a sentence end where one is given."""
     text = re.sub("|".join(map(re.escape, MARKERS)), " ", text)
     text = text.strip().strip('"').strip()
     if text and text[-1].isalnum():
         text += "."  # generation stops at the sentence's full stop, which is not kept
+    text = drop_repeated_sentences(text)
     if sentence_limit is not None:
         text = cut_at_sentence(text, sentence_limit)
     return cut_at_word(text, limit)
