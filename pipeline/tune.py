@@ -51,7 +51,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, default=SHIPPED_ADAPTER,
                         help="adapter file to write, ending in .lora.h5 (default: the shipped adapter)")
     parser.add_argument("--rank", type=int, default=16, help="LoRA rank (default: %(default)s)")
-    parser.add_argument("--lora-targets", default=",".join(DEFAULT_LORA_TARGETS), metavar="NAMES",
+    parser.add_argument("--lora-targets", type=layer_names, default=",".join(DEFAULT_LORA_TARGETS), metavar="NAMES",
                         help="comma-separated names of the layers LoRA trains: keras-hub's attention query and "
                              "value, and for more capacity the feed-forward ffw_gating, ffw_gating_2, ffw_linear "
                              "(default: %(default)s)")
@@ -153,7 +153,7 @@ def train(args: argparse.Namespace, lm, engine, dev: list[Example]) -> dict:
     dev_seqs = [encode(e) for e in dev]
     epoch_steps = steps_per_epoch(train_seqs, args.batch_tokens, args.seed)
     total = epoch_steps * args.epochs
-    trainer = LoraTrainer(lm.backbone, args.rank, args.learning_rate, total, args.seed, targets=targets(args))
+    trainer = LoraTrainer(lm.backbone, args.rank, args.learning_rate, total, args.seed, targets=args.lora_targets)
     args.checkpoint_dir.mkdir(parents=True, exist_ok=True)
     checkpoint = args.checkpoint_dir / "checkpoint.npz"
     best_epoch = args.checkpoint_dir / "best-epoch.npz"  # the adapter of the lowest dev loss so far
@@ -213,8 +213,8 @@ def train(args: argparse.Namespace, lm, engine, dev: list[Example]) -> dict:
         "adapter": args.out.name,
         "training_data": {"files": ["data/train.jsonl"] + (["dashboard"] if args.from_dashboard else []),
                           "sha256": data_sha, "chats": len(train_set), "from_dashboard": taught},
-        "hyperparameters": {"rank": args.rank, "targets": list(targets(args)), "learning_rate": args.learning_rate, "epochs": args.epochs,
-                            "batch_tokens": args.batch_tokens, "optimizer": "AdamW, cosine decay, 5% warm-up",
+        "hyperparameters": {"rank": args.rank, "targets": list(args.lora_targets), "learning_rate": args.learning_rate,
+                            "epochs": args.epochs, "batch_tokens": args.batch_tokens, "optimizer": "AdamW, cosine decay, 5% warm-up",
                             "max_prompt_tokens": engine.decoder.max_prompt_tokens},
         "seed": args.seed,
         **({"started_from": started_from} if started_from else {}),
@@ -224,8 +224,9 @@ def train(args: argparse.Namespace, lm, engine, dev: list[Example]) -> dict:
     }
 
 
-def targets(args: argparse.Namespace) -> tuple[str, ...]:
-    return tuple(name.strip() for name in args.lora_targets.split(",") if name.strip())
+def layer_names(text: str) -> tuple[str, ...]:
+    """`--lora-targets`: comma-separated layer names (argparse applies it to the default too)."""
+    return tuple(name.strip() for name in text.split(",") if name.strip())
 
 
 def read_manifest(adapter: Path, option: str) -> dict:
@@ -246,7 +247,7 @@ def start_from(args: argparse.Namespace, trainer, load: bool) -> dict:
     if earlier["hyperparameters"]["rank"] != args.rank:
         raise SystemExit(f"--start-from: that adapter has rank {earlier['hyperparameters']['rank']}, "
                          f"this run --rank {args.rank}")
-    missing = set(earlier["hyperparameters"].get("targets", DEFAULT_LORA_TARGETS)) - set(targets(args))
+    missing = set(earlier["hyperparameters"].get("targets", DEFAULT_LORA_TARGETS)) - set(args.lora_targets)
     if missing:
         raise SystemExit(f"--start-from: that adapter trains {sorted(missing)}, which --lora-targets leaves out")
     if earlier.get("base_spec") not in (None, args.model):

@@ -156,6 +156,7 @@ def visible_characters(pieces: Sequence[str]) -> np.ndarray:
     """Per token (its vocabulary piece): how many characters it surely adds to a completion after
     `clean_completion`, a lower bound (no whitespace, no quotes, nothing from markup or byte pieces).
     Once a text holds `limit + PAST_CUT_MARGIN` of them its cut at `limit` is final, so decoding it
-    further changes nothing staff see."""
+    further changes nothing staff see; except where `drop_repeated_sentences` removes a sentence
+    said twice, which leaves that draft shorter than a longer decode would have made it."""
     return np.array([0 if re.fullmatch(r"<[^<>]*>", piece) else
                      sum(not c.isspace() and c not in '"\u2581' for c in piece) for piece in pieces], "int32")

@@ -214,11 +214,12 @@ def load_adapter(backbone, adapter: str) -> None:
         lora = store["lora"]
         rank = int(lora["vars/rank"][()])
         held = sorted(int(key) for key in lora if key.isdigit())
+        names = {layers[i].name for i in held}
         if not getattr(backbone, "_lora_enabled_layers", []):
-            backbone.enable_lora(rank, target_layer_names=sorted({layers[i].name for i in held}))
+            backbone.enable_lora(rank, target_layer_names=sorted(names))
         elif backbone._lora_rank != rank:
             raise ValueError(f"adapter {adapter}: LoRA rank {rank}, the model has rank {backbone._lora_rank}")
-        missing = sorted({layers[i].name for i in held} - {layers[i].name for i in backbone._lora_enabled_layers})
+        missing = sorted(names - {layers[i].name for i in backbone._lora_enabled_layers})
         if missing:
             raise ValueError(f"adapter {adapter}: LoRA on {missing}, which this model does not train")
         for i in held:
