@@ -64,14 +64,32 @@ def vader(examples: Sequence[Example], progress: Callable[[int], None]) -> list[
     return predictions
 
 
+EVAL_BATCH_SIZE = 16
+"""Chats per model call when scoring: in `work_order`, 16 ran 1.2x the chats/s of 8 and 32 no faster (48 dev
+chats, this 2-core CPU; 8 in the corpus's own order: 0.72x)."""
+
+
+def work_order(examples: Sequence[Example]) -> list[int]:
+    """The examples' indices in the order the engine runs them fastest: chats that get a reply apart
+    from those that do not, each by length. A batch decodes until its last row is done and pads each
+    prompt to the longest, so rows that need the same work belong together (~1/3 fewer decoding steps
+    on the corpus than its own order, where most batches hold a reply)."""
+    return sorted(range(len(examples)), key=lambda i: (
+        examples[i].has_gold("reply"), sum(len(m.text) for m in examples[i].window.messages)))
+
+
 def engine_predictions(engine, examples: Sequence[Example], batch_size: int, progress: Callable[[int], None]
                        ) -> list[Prediction]:
-    """What the pipeline's engine says of each chat, with a reply wherever the gold has one."""
-    predictions = []
-    for start in range(0, len(examples), batch_size):
-        batch = examples[start : start + batch_size]
-        analyses = engine.analyze([e.window for e in batch], ["all" if e.has_gold("reply") else "none" for e in batch])
-        predictions += [Prediction(a.sentiment, a.confidence, a.summary, a.reply_draft) for a in analyses]
+    """What the pipeline's engine says of each chat, with a reply wherever the gold has one; in
+    `work_order`, returned in the examples' order."""
+    order = work_order(examples)
+    predictions: list[Prediction | None] = [None] * len(examples)
+    for start in range(0, len(order), batch_size):
+        batch = order[start : start + batch_size]
+        analyses = engine.analyze([examples[i].window for i in batch],
+                                  ["all" if examples[i].has_gold("reply") else "none" for i in batch])
+        for i, a in zip(batch, analyses):
+            predictions[i] = Prediction(a.sentiment, a.confidence, a.summary, a.reply_draft)
         progress(len(batch))
     return predictions
 
@@ -182,7 +200,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompt-variant", action="append", choices=["completion", "chat"],
                         help="prompt variant, repeatable (default: the model's own kind)")
     parser.add_argument("--model-cache", type=Path, help="model cache directory (default: CHATLENS_CACHE)")
-    parser.add_argument("--batch-size", type=int, default=8, help="chats per model call (default: %(default)s)")
+    parser.add_argument("--batch-size", type=int, default=EVAL_BATCH_SIZE, help="chats per model call (default: %(default)s)")
     parser.add_argument("--limit", type=int, help="score only the first N chats (a quick look)")
     parser.add_argument("--no-vader", action="store_true", help="skip the VADER baseline")
     parser.add_argument("--no-model", action="store_true", help="run no model (VADER alone)")

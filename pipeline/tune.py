@@ -280,10 +280,10 @@ def dev_figures(engine, dev: list[Example]) -> dict:
     """`chatlens eval`'s figures of `engine` on dev."""
     from tqdm import tqdm
 
-    from pipeline.evaluate import engine_predictions, score_system
+    from pipeline.evaluate import EVAL_BATCH_SIZE, engine_predictions, score_system
 
     with tqdm(total=len(dev), desc="dev figures", unit="chat", file=sys.stderr) as bar:
-        predictions = engine_predictions(engine, dev, 8, bar.update)
+        predictions = engine_predictions(engine, dev, EVAL_BATCH_SIZE, bar.update)
     figures, _ = score_system(dev, predictions)
     return {"chats": len(dev), **figures}
 

@@ -9,7 +9,7 @@ import pytest
 from cli.main import main
 from pipeline import scoring
 from pipeline.corpus import load_split
-from pipeline.evaluate import Prediction, score_system
+from pipeline.evaluate import Prediction, score_system, work_order
 
 
 def test_sentiment_scores_on_a_known_confusion():
@@ -84,15 +84,32 @@ def test_eval_keeps_every_prediction_beside_its_gold(tmp_path, capsys):
     assert [r["gold"]["label"] for r in rows] == [e.label for e in dev]
 
 
+def test_work_order_puts_chats_that_need_the_same_work_side_by_side():
+    dev = load_split("dev")[:40]
+    order = work_order(dev)
+    assert sorted(order) == list(range(len(dev)))
+    replies = [dev[i].has_gold("reply") for i in order]
+    assert replies == sorted(replies) and 0 < sum(replies) < len(dev)  # no reply first, then every reply
+    for group in (False, True):
+        lengths = [sum(len(m.text) for m in dev[i].window.messages) for i in order if dev[i].has_gold("reply") == group]
+        assert lengths == sorted(lengths)
+
+
 @pytest.mark.slow
-def test_eval_scores_all_three_outputs_of_gemma(model_cache, capsys):
-    assert main(["eval", "--split", "test", "--limit", "8", "--model-cache", str(model_cache), "--json"]) == 0
+def test_eval_scores_all_three_outputs_of_gemma(model_cache, tmp_path, capsys):
+    path = tmp_path / "predictions.jsonl"
+    assert main(["eval", "--split", "test", "--limit", "8", "--batch-size", "3", "--model-cache", str(model_cache),
+                 "--json", "--no-vader", "--predictions", str(path)]) == 0
+    # run in work_order, three at a time; kept in the split's order, each beside its own chat
+    rows, test = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()], load_split("test")[:8]
+    assert [r["chat_id"] for r in rows] == [e.window.chat_id for e in test]
+    assert [r["reply"] is not None for r in rows] == [e.has_gold("reply") for e in test]
     report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     gemma = report["systems"]["gemma3-270m"]
     assert report["chats"] == 8 and gemma["sentiment"]["n"] == 8 and gemma["summary"]["n"] == 8
     assert gemma["reply"]["n"] == sum(bool(e.reply) for e in load_split("test")[:8]) > 0
     assert 0 <= gemma["sentiment"]["ece"] <= 1 and 0 <= gemma["reply"]["in_language"] <= 1
-    assert gemma["chats_per_s"] > 0 and "vader" in report["systems"]
+    assert gemma["chats_per_s"] > 0
 
 
 def test_injection_chats_hold_when_label_and_format_survive():
@@ -111,7 +128,7 @@ def test_injection_chats_hold_when_label_and_format_survive():
 @pytest.mark.slow
 def test_the_shipped_adapter_is_the_default_and_meets_the_bars_on_test(model_cache, capsys):
     """`gemma3-270m` is base + the committed adapter, proven by its manifest; on all of `test` (233
-    chats, ~7 minutes here) it meets the issue's bars beside VADER, except the two overlap figures
+    chats, 7 to 15 minutes here by the machine) it meets the issue's bars beside VADER, except the two overlap figures
     the README reports as not met or met narrowly: those are held to floors here.
     """
     import hashlib
