@@ -128,8 +128,8 @@ def test_injection_chats_hold_when_label_and_format_survive():
 @pytest.mark.slow
 def test_the_shipped_adapter_is_the_default_and_meets_the_bars_on_test(model_cache, capsys):
     """`gemma3-270m` is base + the committed adapter, proven by its manifest; on all of `test` (233
-    chats, 7 to 15 minutes here by the machine) it meets the issue's bars beside VADER, except the two overlap figures
-    the README reports as not met or met narrowly: those are held to floors here.
+    chats, 5 to 15 minutes here by the machine's speed) it meets the issue's bars beside VADER, except
+    the two overlap figures the README reports as not met or met narrowly: those are held to floors here.
     """
     import hashlib
 
