@@ -6,7 +6,7 @@ Two halves, so the GPU side needs only JAX, Keras, keras-hub and gguf (no Tensor
 The sweep tunes each (rank, learning rate) for `--epochs` epochs and records, per epoch, the
 train loss, the dev loss and the dev sentiment macro-F1 read from the label token. It saves,
 per config, the adapter of its best epoch by dev loss and prints one JSON line with every figure.
-`chatlens tune --rank R --learning-rate LR --epochs E` then reproduces the chosen run on any
+`chatlens tune --rank R --learning-rate LR --epochs E [--lora-targets NAMES]` then reproduces the chosen run on any
 machine (same seed, same batches: batch order depends on --batch-tokens, keep it equal).
 """
 
@@ -96,7 +96,7 @@ def sweep(args: argparse.Namespace) -> None:
         rank, lr = config.split(":")
         backbone = backbone_from_gguf(args.gguf)
         steps = steps_per_epoch(train, args.batch_tokens, args.seed) * args.epochs
-        trainer = LoraTrainer(backbone, int(rank), float(lr), steps, args.seed)
+        trainer = LoraTrainer(backbone, int(rank), float(lr), steps, args.seed, targets=args.lora_targets)
 
         @jax.jit
         def label_logits(trainable, frozen, batch):
@@ -130,11 +130,15 @@ def sweep(args: argparse.Namespace) -> None:
             if best is None or dev_loss < best[0]:
                 best = (dev_loss, config, epoch + 1)
         results.append({"config": config, "history": history})
-    print(json.dumps({"results": results, "best": {"config": best[1], "epochs": best[2], "dev_loss": best[0]},
+    print(json.dumps({"results": results, "targets": list(args.lora_targets),
+                      "best": {"config": best[1], "epochs": best[2], "dev_loss": best[0]},
                       "device": str(jax.devices()[0])}))
 
 
 def main() -> None:
+    from pipeline.model.sources import DEFAULT_LORA_TARGETS
+    from pipeline.tune import layer_names
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     e = sub.add_parser("export")
@@ -145,6 +149,8 @@ def main() -> None:
     s.add_argument("--out", type=Path, required=True)
     s.add_argument("--configs", nargs="+", default=["16:5e-4", "16:2e-4", "8:1e-3"], help="rank:learning_rate")
     s.add_argument("--epochs", type=int, default=3)
+    s.add_argument("--lora-targets", type=layer_names, default=",".join(DEFAULT_LORA_TARGETS), metavar="NAMES",
+                   help="as `chatlens tune --lora-targets` (default: %(default)s)")
     s.add_argument("--batch-tokens", type=int, default=8192)
     s.add_argument("--seed", type=int, default=1234)
     s.add_argument("--limit", type=int, help="only the first N train and dev sequences (a smoke test)")
