@@ -6,8 +6,8 @@ Two halves, so the GPU side needs only JAX, Keras, keras-hub and gguf (no Tensor
 The sweep tunes each (rank, learning rate) for `--epochs` epochs and records, per epoch, the
 train loss, the dev loss and the dev sentiment macro-F1 read from the label token. It saves,
 per config, the adapter of its best epoch by dev loss and prints one JSON line with every figure.
-`chatlens tune --rank R --learning-rate LR --epochs E [--lora-targets NAMES]` then reproduces the chosen run on any
-machine (same seed, same batches: batch order depends on --batch-tokens, keep it equal).
+`chatlens tune --rank R --learning-rate LR --epochs E [--lora-targets NAMES]` then reproduces the
+chosen run on any machine (same seed, same batches: batch order depends on --batch-tokens, keep it equal).
 """
 
 from __future__ import annotations

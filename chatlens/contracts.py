@@ -99,6 +99,11 @@ class ChatWindow(_Contract):
             raise ValueError("chat has no text to analyse")
         return self
 
+    @property
+    def text_chars(self) -> int:
+        """Characters of the chat's text: what chats of similar work are grouped by."""
+        return sum(len(m.text) for m in self.messages)
+
 
 class SentimentScores(_Contract):
     """Calibrated probability of each sentiment label; they sum to 1."""

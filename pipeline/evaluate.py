@@ -75,8 +75,7 @@ def work_order(examples: Sequence[Example]) -> list[int]:
     prompt to the longest, so rows that need the same work belong together (48 dev chats in batches of
     8: 1.14x the chats/s of the corpus's own order, where most batches hold a reply). Padding moves
     decoding near-ties, so figures in this order differ from those in another by a few thousandths."""
-    return sorted(range(len(examples)), key=lambda i: (
-        examples[i].has_gold("reply"), sum(len(m.text) for m in examples[i].window.messages)))
+    return sorted(range(len(examples)), key=lambda i: (examples[i].has_gold("reply"), examples[i].window.text_chars))
 
 
 def engine_predictions(engine, examples: Sequence[Example], batch_size: int, progress: Callable[[int], None]

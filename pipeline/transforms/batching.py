@@ -16,7 +16,7 @@ BATCH_KEY = typehints.Tuple[str, int]
 
 def length_bucket(chat) -> int:
     """Which LENGTH_BUCKET_BOUNDARIES bucket a chat's text falls in."""
-    return bisect.bisect_right(LENGTH_BUCKET_BOUNDARIES, sum(len(m.text) for m in chat.messages))
+    return bisect.bisect_right(LENGTH_BUCKET_BOUNDARIES, chat.text_chars)
 
 
 class _KeyByWorkerAndLength(beam.DoFn):

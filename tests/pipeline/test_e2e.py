@@ -119,7 +119,8 @@ def test_windows_in_insights_and_dead_letters_out(pipelines, outputs):
     elapsed = time.monotonic() - started
     assert done, f"{len(insights)} insights and {len(dead)} dead letters after {elapsed:.0f} s\n{process.log_tail()}"
     time.sleep(5)  # nothing more may arrive: exactly one outcome per input
-    print(f"{len(windows)} windows + {len(malformed)} malformed -> {len(insights)} insights, {len(dead)} dead letters in {elapsed:.0f} s")
+    print(f"{len(windows)} windows + {len(malformed)} malformed -> {len(insights)} insights, "
+          f"{len(dead)} dead letters in {elapsed:.0f} s")
 
     results = insights_of(insights)
     assert sorted(i.chat_id for i in results) == sorted(json.loads(w)["chat_id"] for w in windows)

@@ -91,7 +91,7 @@ def test_work_order_puts_chats_that_need_the_same_work_side_by_side():
     replies = [dev[i].has_gold("reply") for i in order]
     assert replies == sorted(replies) and 0 < sum(replies) < len(dev)  # no reply first, then every reply
     for group in (False, True):
-        lengths = [sum(len(m.text) for m in dev[i].window.messages) for i in order if dev[i].has_gold("reply") == group]
+        lengths = [dev[i].window.text_chars for i in order if dev[i].has_gold("reply") == group]
         assert lengths == sorted(lengths)
 
 
@@ -133,8 +133,8 @@ def test_the_shipped_adapter_is_the_default_and_meets_the_bars_on_test(model_cac
     systems = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["systems"]
     # run in work_order, kept in the split's order: each draft beside a chat that asked for one
     test = load_split("test")
-    rows = [json.loads(line) for line in predictions.read_text(encoding="utf-8").splitlines()
-            if json.loads(line)["system"] == "gemma3-270m"]
+    rows = [row for row in map(json.loads, predictions.read_text(encoding="utf-8").splitlines())
+            if row["system"] == "gemma3-270m"]
     assert [r["chat_id"] for r in rows] == [e.window.chat_id for e in test]
     drafted = [r["reply"] is not None for r in rows]
     assert not any(d for d, e in zip(drafted, test) if not e.has_gold("reply"))

@@ -50,6 +50,7 @@ from pipeline.transforms.validate import ValidateMessages, ValidateWindows
 pytestmark = pytest.mark.timeout(300)
 
 NOW = int(time.time())  # event times near the wall clock: the lateness guard compares with it
+T0 = datetime(2026, 11, 20, 9, 0, tzinfo=timezone.utc)
 
 
 @pytest.fixture(autouse=True)
@@ -58,7 +59,6 @@ def _event_times_near_this_tests_start():
     40 minutes) times fixed at import age past the lateness guard and whole sessions are dead-lettered."""
     global NOW
     NOW = int(time.time())
-T0 = datetime(2026, 11, 20, 9, 0, tzinfo=timezone.utc)
 
 
 def envelope(data: bytes, source_id: str, **attributes: str) -> Envelope:
