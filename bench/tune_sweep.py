@@ -61,24 +61,13 @@ def _sequences(data, split):
                              data[f"{split}_mask"][a:b].tolist()) for a, b in zip(starts, ends)]
 
 
-def backbone_from_gguf(path: Path):
-    import gguf
-    import keras_hub
-
-    from pipeline.model import gguf_convert
-
-    reader = gguf.GGUFReader(path)
-    backbone = keras_hub.models.Gemma3Backbone(**gguf_convert.backbone_config(gguf_convert.read_metadata(reader)),
-                                               dtype="float32")
-    gguf_convert.fill_backbone(backbone, reader, progress=False)
-    return backbone
-
-
 def sweep(args: argparse.Namespace) -> None:
+    import gguf
     import jax
     import jax.numpy as jnp
     import numpy as np
 
+    from pipeline.model.gguf_convert import backbone_from_gguf
     from pipeline.model.tuning import LoraTrainer, epoch_batches, steps_per_epoch
     from pipeline.scoring import sentiment_scores
 
@@ -94,7 +83,7 @@ def sweep(args: argparse.Namespace) -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     for config in args.configs:
         rank, lr = config.split(":")
-        backbone = backbone_from_gguf(args.gguf)
+        backbone = backbone_from_gguf(gguf.GGUFReader(args.gguf), progress=False)
         steps = steps_per_epoch(train, args.batch_tokens, args.seed) * args.epochs
         trainer = LoraTrainer(backbone, int(rank), float(lr), steps, args.seed, targets=args.lora_targets)
 

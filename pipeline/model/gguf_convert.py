@@ -19,6 +19,7 @@ import gguf
 import numpy as np
 from tqdm import tqdm
 
+from pipeline.model.deferred_weights import build_unfilled, settle
 from pipeline.model.spm_proto import PieceType, SpecialIds, build_bpe_model
 
 # Bump whenever the produced preset would change; cached conversions are redone.
@@ -178,6 +179,17 @@ def fill_backbone(backbone: Any, reader: gguf.GGUFReader, progress: bool = True)
         raise ValueError(f"GGUF left keras weights unset: {sorted(missing)[:5]}")
 
 
+def backbone_from_gguf(reader: gguf.GGUFReader, dtype: str = "float32", progress: bool = True) -> Any:
+    """A `Gemma3Backbone` holding the GGUF's weights (built without random initial ones)."""
+    import keras_hub
+
+    backbone = build_unfilled(lambda: keras_hub.models.Gemma3Backbone(**backbone_config(read_metadata(reader)),
+                                                                      dtype=dtype))
+    fill_backbone(backbone, reader, progress)
+    settle(backbone)
+    return backbone
+
+
 def convert_gguf(gguf_path: Path, preset_dir: Path, *, dtype: str = "float32", progress: bool = True) -> None:
     """Write a `Gemma3CausalLM` preset (weights, tokenizer, preprocessor) to `preset_dir`.
 
@@ -193,9 +205,6 @@ def convert_gguf(gguf_path: Path, preset_dir: Path, *, dtype: str = "float32", p
     with native_noise_filtered():  # sentencepiece's note on Gemma's tokenizer
         tokenizer = keras_hub.models.Gemma3Tokenizer(proto=tokenizer_proto(meta), has_vision_tokens=False)
     preprocessor = keras_hub.models.Gemma3CausalLMPreprocessor(tokenizer=tokenizer, image_converter=None)
-    backbone = keras_hub.models.Gemma3Backbone(**backbone_config(meta), dtype=dtype)
-
-    fill_backbone(backbone, reader, progress)
-
+    backbone = backbone_from_gguf(reader, dtype, progress)
     causal_lm = keras_hub.models.Gemma3CausalLM(backbone=backbone, preprocessor=preprocessor)
     causal_lm.save_to_preset(str(preset_dir))

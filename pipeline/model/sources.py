@@ -42,6 +42,7 @@ from typing import Any, Literal
 from chatlens.config import get_settings
 from chatlens.quiet import native_noise_filtered
 from pipeline.model.calibration import LabelCalibration
+from pipeline.model.deferred_weights import build_unfilled, settle
 
 log = logging.getLogger(__name__)
 
@@ -74,10 +75,21 @@ class ModelSource:
     calibration: LabelCalibration = LabelCalibration()  # a tuned model's, from its manifest
 
     def load(self, dtype: str = "float32") -> Any:
-        """The `keras_hub.models.CausalLM` (a `Gemma3CausalLM` for the bundled GGUF)."""
+        """The `keras_hub.models.CausalLM` (a `Gemma3CausalLM` for the bundled GGUF).
+
+        A local preset with one weights file (what ChatLens writes) is built without random
+        initial weights and then filled (pipeline/model/deferred_weights.py): half the load time.
+        """
         keras_hub = import_keras_hub()
+        weights = Path(self.preset) / "model.weights.h5"
         with native_noise_filtered():  # the tokenizer's sentencepiece notes
-            return keras_hub.models.CausalLM.from_preset(self.preset, dtype=dtype)
+            if not weights.is_file():  # a Kaggle handle or a sharded preset: keras-hub's own way
+                return keras_hub.models.CausalLM.from_preset(self.preset, dtype=dtype)
+            backbone = build_unfilled(
+                lambda: keras_hub.models.Backbone.from_preset(self.preset, dtype=dtype, load_weights=False))
+            backbone.load_weights(weights)
+            settle(backbone)
+            return keras_hub.models.CausalLM.from_preset(self.preset, backbone=backbone, load_weights=False)
 
 
 def import_keras_hub() -> ModuleType:
