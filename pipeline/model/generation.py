@@ -103,13 +103,23 @@ def cut_at_word(text: str, limit: int) -> str:
     return cut.rstrip(" ,;:-") + "…"
 
 
+SENTENCE_END = re.compile(r"[.!?।؟](?=\s)|[。！？]")
+"""Where a sentence ends: a full stop, question or exclamation mark before a space (so "v1.2" goes
+on), with Hindi's danda and Arabic's question mark; Chinese and Japanese marks need no space."""
+
+
+def sentence_ends(text: str) -> list[int]:
+    """The offsets just past each sentence's end mark."""
+    return [m.end() for m in SENTENCE_END.finditer(text)]
+
+
 def cut_at_sentence(text: str, limit: int) -> str:
     """At most `limit` characters, ending at the last whole sentence that fits; at a word
     (`cut_at_word`) when no sentence ends in the second half of the limit."""
     text = " ".join(text.split())
     if len(text) <= limit:
         return text
-    ends = [m.end() for m in re.finditer(r"[.!?](?=\s)", text[: limit + 1])]
+    ends = [end for end in sentence_ends(text[: limit + 1]) if end <= limit]
     if ends and ends[-1] >= limit // 2:
         return text[: ends[-1]]
     return cut_at_word(text, limit)
@@ -125,13 +135,15 @@ def drop_repeated_sentences(text: str) -> str:
     (seen in Czech); staff would have to delete it. Case and punctuation do not make a sentence new.
     """
     seen, kept = set(), []
-    for sentence in re.split(r"(?<=[.!?])\s+", text):
+    starts = [0, *sentence_ends(text)]
+    for start, end in zip(starts, [*starts[1:], len(text)]):
+        sentence = text[start:end]  # with the space before it, if any
         words = " ".join(re.findall(r"\w+", sentence.lower()))
         if words and words in seen:
             continue
         seen.add(words)
         kept.append(sentence)
-    return " ".join(kept)
+    return "".join(kept).strip()
 
 
 def clean_completion(text: str, limit: int, sentence_limit: int | None = None) -> str:

@@ -97,6 +97,8 @@ def test_buckets_and_text_cleanup():
     looped = "Dobrý den. Pošleme číslo 7781 do účtu. Pošleme číslo 7781 do účtu! Děkuji"
     assert clean_completion(looped, 512) == "Dobrý den. Pošleme číslo 7781 do účtu. Děkuji."
     assert clean_completion("I'll check it. I'll check it today.", 512) == "I'll check it. I'll check it today."
+    # Japanese and Chinese end a sentence with no space after it
+    assert clean_completion("申し訳ございません。確認いたします。確認いたします。", 512) == "申し訳ございません。確認いたします。"
 
 
 def test_a_summary_is_cut_at_the_last_sentence_that_fits():
@@ -106,6 +108,11 @@ def test_a_summary_is_cut_at_the_last_sentence_that_fits():
     assert cut_at_sentence("v1.2 crashed. " + "x" * 80, 60).startswith("v1.2 crashed.")  # "1.2" is no end
     run_on = "The customer " + "waited and waited " * 20  # no sentence end at all: cut at a word
     assert cut_at_sentence(run_on, 60).endswith("…") and len(cut_at_sentence(run_on, 60)) <= 60
+    japanese = "ご迷惑をおかけして申し訳ございません。注文を確認いたします。配達員に連絡してください。"
+    assert cut_at_sentence(japanese, 30) == "ご迷惑をおかけして申し訳ございません。注文を確認いたします。"
+    assert cut_at_sentence(japanese, 29) == "ご迷惑をおかけして申し訳ございません。"  # an end one past the limit is out
+    hindi = "माफ़ कीजिए, देरी हुई। ऑर्डर 123 कल पहुँचेगा। धन्यवाद"
+    assert cut_at_sentence(hindi, 45) == "माफ़ कीजिए, देरी हुई। ऑर्डर 123 कल पहुँचेगा।"
     early = "Refund. " + "then more words " * 20  # the only end is too early to keep alone
     assert cut_at_sentence(early, 100).endswith("…")
     summary = clean_completion(two + " " + two, 512, sentence_limit=100)
