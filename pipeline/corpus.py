@@ -16,7 +16,7 @@ import json
 import sys
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from chatlens.contracts import SENTIMENT_LABELS, ChatWindow, ContractError, parse_window
@@ -28,6 +28,7 @@ LABELS = tuple(SENTIMENT_LABELS)  # -1, 0, 1
 GOLD_FIELDS = ("label", "summary", "reply", "scenario", "domain", "hard_cases")
 MAX_GOLD_SUMMARY_CHARS = 240
 MAX_GOLD_REPLY_CHARS = 600
+SECOND_REPLIES = "second_replies.jsonl"
 HARD_CASES = {
     "sarcasm": "sarcasm",
     "polite_anger": "polite anger",
@@ -100,6 +101,26 @@ def split_path(split: str, data_dir: Path = DATA_DIR) -> Path:
 
 def load_split(split: str, data_dir: Path = DATA_DIR) -> list[Example]:
     return load_examples(split_path(split, data_dir))
+
+
+def second_replies(data_dir: Path = DATA_DIR) -> dict[str, str]:
+    """chat_id -> a second writer's reply draft, for every `train` and `dev` chat with a gold reply.
+
+    A reply has many right answers: a second writer drafted the next message of each such chat
+    to the gold's own brief without seeing the gold (`data/README.md`). On `dev` they measure how
+    much overlap with the gold a good writer reaches (`data/tools/reply_agreement.py`); on `train`
+    they are a second reply to learn (`chatlens tune --second-replies`).
+    """
+    path = data_dir / SECOND_REPLIES
+    records = map(json.loads, filter(str.strip, path.read_text(encoding="utf-8").splitlines()))
+    return {record["chat_id"]: record["reply"] for record in records}
+
+
+def with_second_replies(examples: Sequence[Example], replies: dict[str, str]) -> list[Example]:
+    """The examples that have a second reply, again, with it as their only gold answer (the
+    label and summary stay as the context the reply follows, not learnt twice)."""
+    return [replace(e, reply=replies[e.window.chat_id], gold=("reply",)) for e in examples
+            if e.window.chat_id in replies]
 
 
 def write_examples(path: Path, examples: Iterable[Example]) -> None:

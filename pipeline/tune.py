@@ -29,7 +29,7 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from pipeline.corpus import DATA_DIR, Example, load_split, split_path
+from pipeline.corpus import DATA_DIR, SECOND_REPLIES, Example, load_split, second_replies, split_path, with_second_replies
 from pipeline.model.sources import (DEFAULT_LORA_TARGETS, SHIPPED_ADAPTER, ModelSpecError, adapter_name,
                                     manifest_path)
 
@@ -48,6 +48,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data-dir", type=Path, default=DATA_DIR, help="corpus directory (default: data/)")
     parser.add_argument("--from-dashboard", metavar="DATABASE_URL",
                         help="also learn from staff corrections and approved or edited replies in this dashboard")
+    parser.add_argument("--second-replies", choices=("add", "only"),
+                        help="learn the second writer's reply to each train chat that has one (data/second_replies.jsonl; "
+                             "reply only, the chat's gold label and summary as its context): 'add' to the train chats, "
+                             "or 'only' those (e.g. to give an adapter them alone with --start-from)")
     parser.add_argument("--out", type=Path, default=SHIPPED_ADAPTER,
                         help="adapter file to write, ending in .lora.h5 (default: the shipped adapter)")
     parser.add_argument("--rank", type=int, default=16, help="LoRA rank (default: %(default)s)")
@@ -77,10 +81,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "re-measure its dev figures (its manifest keeps how it was trained)")
 
 
-def training_examples(args: argparse.Namespace) -> tuple[list[Example], int, str]:
-    """The training chats, how many of them came from the dashboard, and the sha256 of it all."""
+def training_examples(args: argparse.Namespace) -> tuple[list[Example], dict]:
+    """The training chats, and what the manifest says of them (files, sha256 of it all, counts)."""
     digest = hashlib.sha256(split_path("train", args.data_dir).read_bytes())
     examples = load_split("train", args.data_dir)[: args.limit]
+    files = ["data/train.jsonl"]
+    second = []
+    if args.second_replies:
+        second = with_second_replies(examples, second_replies(args.data_dir))
+        digest.update((args.data_dir / SECOND_REPLIES).read_bytes())
+        files.append(f"data/{SECOND_REPLIES}")
+        log.info("%s %d second replies", "learning only" if args.second_replies == "only" else "adding", len(second))
+        examples = second if args.second_replies == "only" else examples + second
     usable = []
     if args.from_dashboard:
         from app.feedback import export_examples
@@ -90,7 +102,10 @@ def training_examples(args: argparse.Namespace) -> tuple[list[Example], int, str
         log.info("adding %d examples from the dashboard", len(usable))
         for example in usable:
             digest.update(example.to_json().encode())
-    return examples + usable, len(usable), digest.hexdigest()
+        files.append("dashboard")
+    data = {"files": files, "sha256": digest.hexdigest(), "chats": len(examples) + len(usable),
+            "from_dashboard": len(usable), **({"second_replies": len(second)} if args.second_replies else {})}
+    return examples + usable, data
 
 
 def fell(old: dict, new: dict) -> list[str]:
@@ -147,7 +162,7 @@ def train(args: argparse.Namespace, lm, engine, dev: list[Example]) -> dict:
     from pipeline.model.tuning import LoraTrainer, epoch_batches, steps_per_epoch
 
     vocabulary = engine.decoder.vocabulary
-    train_set, taught, data_sha = training_examples(args)
+    train_set, training_data = training_examples(args)
     encode = lambda e: training_sequence(vocabulary, e.window, e.label, e.summary, e.reply, e.gold)  # noqa: E731
     train_seqs = [encode(e) for e in train_set]
     dev_seqs = [encode(e) for e in dev]
@@ -211,8 +226,7 @@ def train(args: argparse.Namespace, lm, engine, dev: list[Example]) -> dict:
     trainer.sync()
     return {
         "adapter": args.out.name,
-        "training_data": {"files": ["data/train.jsonl"] + (["dashboard"] if args.from_dashboard else []),
-                          "sha256": data_sha, "chats": len(train_set), "from_dashboard": taught},
+        "training_data": training_data,
         "hyperparameters": {"rank": args.rank, "targets": list(args.lora_targets), "learning_rate": args.learning_rate,
                             "epochs": args.epochs, "batch_tokens": args.batch_tokens, "optimizer": "AdamW, cosine decay, 5% warm-up",
                             "max_prompt_tokens": engine.decoder.max_prompt_tokens},

@@ -17,6 +17,7 @@ from pipeline.corpus import (
     counts_markdown,
     load_split,
     readme_with_counts,
+    second_replies,
 )
 from pipeline.evaluate import transcript_text
 
@@ -110,3 +111,33 @@ def test_splits_are_what_the_build_makes_of_the_sources(splits, tmp_path, monkey
     rebuilt = build.build()
     for split, examples in splits.items():
         assert sorted(e.to_json() for e in rebuilt[split]) == sorted(e.to_json() for e in examples), split
+
+
+@pytest.fixture(scope="module")
+def reply_agreement():
+    spec = importlib.util.spec_from_file_location("reply_agreement", DATA_DIR / "tools" / "reply_agreement.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_second_replies_are_for_train_and_dev_reply_chats_and_follow_the_gold_rules(splits):
+    second = second_replies()
+    held_out = {e.window.chat_id: e for e in splits["dev"] if e.reply}
+    assert held_out.keys() <= second.keys(), "the agreement figure needs a second reply for every dev reply chat"
+    chats = {e.window.chat_id: e for split in ("train", "dev") for e in splits[split] if e.reply}
+    assert second.keys() <= chats.keys(), "second replies only for train and dev chats with a gold reply"
+    for chat_id, reply in second.items():
+        window = chats[chat_id].window
+        assert len(reply) <= MAX_GOLD_REPLY_CHARS and scoring.placeholder(reply) is None, chat_id
+        assert not scoring.ungrounded(reply, transcript_text(window), window.language), chat_id
+        assert scoring.language_of(reply) == window.language, chat_id
+
+
+def test_reply_agreement_orders_the_reference_points_as_the_readme_says(reply_agreement):
+    """README (Quality) reads the reply bar against these: a second writer above it, the best
+    train reply chosen with the gold in hand below it, a random one far below."""
+    figures = {name: figure["rouge_l"] for name, figure in reply_agreement.agreement().items()}
+    assert figures["second writer"] > 0.35 > figures["best train reply (oracle)"] > figures["any train reply"]
+    assert figures == pytest.approx({"second writer": 0.384, "best train reply (oracle)": 0.281,
+                                     "any train reply": 0.165, "re-tellings (same writer)": 0.331}, abs=0.001)

@@ -342,6 +342,31 @@ def test_tune_from_dashboard_learns_what_staff_taught_and_never_replaces_a_bette
         main(tune + ["--start-from", str(tmp_path / "tiny-preset"), "--out", str(later)])
 
 
+def test_second_replies_are_learnt_as_reply_only_examples_of_their_train_chats():
+    """`chatlens tune --second-replies add|only`: the second writer's replies (data/second_replies.jsonl)."""
+    import argparse
+
+    from pipeline.corpus import DATA_DIR, second_replies
+    from pipeline.tune import training_examples
+
+    def data(mode):
+        return training_examples(argparse.Namespace(data_dir=DATA_DIR, limit=40, second_replies=mode,
+                                                    from_dashboard=None))
+
+    (train, plain), (added, with_second), (only, alone) = data(None), data("add"), data("only")
+    second = second_replies()
+    answered = [e for e in train if e.window.chat_id in second]
+    assert answered and added == train + only
+    assert [e.reply for e in only] == [second[e.window.chat_id] for e in answered]
+    # the chat's gold label and summary stay as the context the reply follows; only the reply is learnt
+    assert all(e.gold == ("reply",) and (e.window, e.label, e.summary) == (t.window, t.label, t.summary)
+               for e, t in zip(only, answered))
+    assert plain["files"] == ["data/train.jsonl"] and with_second["files"] == ["data/train.jsonl", "data/second_replies.jsonl"]
+    assert (with_second["chats"], alone["chats"]) == (40 + len(answered), len(answered))
+    assert with_second["second_replies"] == alone["second_replies"] == len(answered) and "second_replies" not in plain
+    assert plain["sha256"] != with_second["sha256"]
+
+
 def test_numbers_written_come_from_the_chat(tiny_lm, chats):
     """A tiny model made eager to write digits (their embeddings pushed along its hidden states)
     writes numbers of its own unconstrained; grounded, every number it writes is in the chat, and
