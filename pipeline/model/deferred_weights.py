@@ -31,8 +31,9 @@ def settle(model: Any) -> None:
     """
     from keras.src.backend.common import global_state
 
+    # First, so that a failed load leaves no assigned variable on the list to break the next build.
+    pending = global_state.get_global_attribute("uninitialized_variables") or []
+    global_state.set_global_attribute("uninitialized_variables", [v for v in pending if v._value is None])
     empty = [v.path for v in model.weights if v._value is None]
     if empty:
         raise ValueError(f"{len(empty)} weights were never assigned, e.g. {empty[:3]}")
-    pending = global_state.get_global_attribute("uninitialized_variables") or []
-    global_state.set_global_attribute("uninitialized_variables", [v for v in pending if v._value is None])
