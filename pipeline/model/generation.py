@@ -104,6 +104,7 @@ def cut_at_word(text: str, limit: int) -> str:
 
 
 SENTENCE_END = re.compile(r"[.!?।؟](?=\s)|[。！？]")
+_CJK = re.compile(r"[\u3040-\u30ff\u3400-\u9fff\uf900-\ufaff]")  # kana and CJK ideographs: their full stop is 。
 """Where a sentence ends: a full stop, question or exclamation mark before a space (so "v1.2" goes
 on), with Hindi's danda and Arabic's question mark; Chinese and Japanese marks need no space."""
 
@@ -151,8 +152,8 @@ def clean_completion(text: str, limit: int, sentence_limit: int | None = None) -
     within `limit`, and within `sentence_limit` cut at a sentence end where one is given."""
     text = re.sub("|".join(map(re.escape, MARKERS)), " ", text)
     text = text.strip().strip('"').strip()
-    if text and text[-1].isalnum():
-        text += "."  # generation stops at the sentence's full stop, which is not kept
+    if text and text[-1].isalnum():  # generation stops at the sentence's full stop, which is not kept
+        text += "。" if _CJK.match(text[-1]) else "."
     text = drop_repeated_sentences(text)
     if sentence_limit is not None:
         text = cut_at_sentence(text, sentence_limit)

@@ -93,6 +93,7 @@ def test_buckets_and_text_cleanup():
     assert len(cut_at_word("word " * 200, 512)) <= 512
     assert clean_completion(' "Sorry about that.<end_of_turn>" ', 100) == "Sorry about that."
     assert clean_completion("The customer wants a refund", 100) == "The customer wants a refund."
+    assert clean_completion("荷物が届いていません", 100) == "荷物が届いていません。"  # a Japanese full stop
     # a looped sentence (the tuned model's failure in a language it never saw) is said once
     looped = "Dobrý den. Pošleme číslo 7781 do účtu. Pošleme číslo 7781 do účtu! Děkuji"
     assert clean_completion(looped, 512) == "Dobrý den. Pošleme číslo 7781 do účtu. Děkuji."
