@@ -104,9 +104,9 @@ def cut_at_word(text: str, limit: int) -> str:
 
 
 SENTENCE_END = re.compile(r"[.!?।؟](?=\s)|[。！？]")
-_CJK = re.compile(r"[\u3040-\u30ff\u3400-\u9fff\uf900-\ufaff]")  # kana and CJK ideographs: their full stop is 。
 """Where a sentence ends: a full stop, question or exclamation mark before a space (so "v1.2" goes
 on), with Hindi's danda and Arabic's question mark; Chinese and Japanese marks need no space."""
+_CJK = re.compile(r"[\u3040-\u30ff\u3400-\u9fff\uf900-\ufaff]")  # kana and CJK ideographs: their full stop is 。
 
 
 def sentence_ends(text: str) -> list[int]:
