@@ -26,9 +26,9 @@ browser:
 postgres:
 	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq postgresql >/dev/null; }
 
-# The official Node.js Pub/Sub client, pinned by tests/chatlens/node_client/package-lock.json, checks the
-# emulator (tests/chatlens/test_pubsub_node_client.py); Debian's nodejs and npm when node is missing.
-NODE_CLIENT := tests/chatlens/node_client
+# The official Node.js Pub/Sub client, pinned by tests/localpubsub/node_client/package-lock.json, checks the
+# emulator (tests/localpubsub/test_node_client.py); Debian's nodejs and npm when node is missing.
+NODE_CLIENT := tests/localpubsub/node_client
 node-client: $(NODE_CLIENT)/node_modules/.installed
 
 $(NODE_CLIENT)/node_modules/.installed: $(NODE_CLIENT)/package-lock.json

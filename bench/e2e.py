@@ -1,6 +1,6 @@
 """Benchmark: the local streaming stack end to end, with Gemma and with a no-op model stage.
 
-Starts the in-process Pub/Sub server (chatlens.pubsub.server.EmulatorServer) on a free port,
+Starts the in-process Pub/Sub server (localpubsub.server.EmulatorServer) on a free port,
 creates the topics and subscriptions, starts `chatlens pipeline` in a subprocess on the
 BundleBasedDirectRunner, and consumes the results topic with a streaming-pull subscriber.
 Nothing is faked: the chats are the bundled demo chats (each published copy gets its own
@@ -348,8 +348,8 @@ class StageRun:
         self.keep_logs = False  # set when something went unanswered
 
     def run(self) -> StageRun:
-        from chatlens.pubsub.admin import ensure_layout
-        from chatlens.pubsub.server import EmulatorServer
+        from localpubsub.admin import ensure_layout
+        from localpubsub.server import EmulatorServer
 
         args = self.args
         server = EmulatorServer("localhost", 0).start()  # a fresh server per stage: no leftovers

@@ -149,8 +149,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from chatlens.config import get_settings
-    from chatlens.pubsub.admin import ensure_layout
-    from chatlens.pubsub.emulator import wait_ready
+    from localpubsub.admin import ensure_layout
+    from localpubsub.emulator import wait_ready
 
     host = f"localhost:{args.port}"
     dashboard = f"http://127.0.0.1:{args.dashboard_port}"
@@ -208,6 +208,6 @@ def run(args: argparse.Namespace) -> int:
 
 def pubsub_watchdog(project: str, host: str):
     """The demo's LayoutWatchdog on its Pub/Sub server (it logs a warning at each re-creation)."""
-    from chatlens.pubsub.admin import LayoutWatchdog
+    from localpubsub.admin import LayoutWatchdog
 
     return LayoutWatchdog(project, host, interval=1.0)

@@ -24,6 +24,7 @@ RUN pip install -c constraints.txt -r dashboard-requirements.txt
 # Editable install: app/templates and app/static are read from this tree.
 COPY pyproject.toml README.md ./
 COPY chatlens ./chatlens
+COPY localpubsub ./localpubsub
 COPY cli ./cli
 COPY app ./app
 COPY pipeline ./pipeline

@@ -44,6 +44,7 @@ RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml
 # The project, installed editable: its prompts/ and app/ templates are read from this tree.
 COPY README.md ./
 COPY chatlens ./chatlens
+COPY localpubsub ./localpubsub
 COPY cli ./cli
 COPY pipeline ./pipeline
 COPY app ./app

@@ -17,7 +17,7 @@ def pubsub_server():
 
     Point clients at it with `monkeypatch.setenv("PUBSUB_EMULATOR_HOST", pubsub_server)`.
     """
-    from chatlens.pubsub.emulator import EmulatorServer
+    from localpubsub.emulator import EmulatorServer
 
     with EmulatorServer("localhost", 0) as server:
         yield server.address
@@ -27,7 +27,7 @@ def pubsub_server():
 def emulator(pubsub_server, monkeypatch):
     """`pubsub_server` with ChatLens's topics and subscriptions in the tests' project, and
     PUBSUB_EMULATOR_HOST pointing at it (the pipeline and replay tests' Pub/Sub)."""
-    from chatlens.pubsub.admin import ensure_layout
+    from localpubsub.admin import ensure_layout
     from tests.support.pipeline import PROJECT
 
     monkeypatch.setenv("PUBSUB_EMULATOR_HOST", pubsub_server)

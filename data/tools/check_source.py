@@ -1,12 +1,14 @@
 """Checks a hand-written corpus source file (compact authoring format) and prints its counts.
 
 Usage: python3 data/tools/check_source.py data/source/h1.jsonl [more files]
-Stdlib only. Exit 1 on any error.
+A partial-window file (`p-*.jsonl`, see AUTHORING.md) is checked against the chats it points at
+(every other file in its folder). Stdlib only. Exit 1 on any error.
 """
 import collections
 import json
 import re
 import sys
+from pathlib import Path
 
 DOMAINS = {"food_delivery", "parcels", "telecom", "utilities", "banking", "insurance", "travel",
            "hotels", "retail", "saas"}
@@ -14,6 +16,9 @@ LANGS = {"en", "fr", "es", "de", "it", "pt", "nl"}
 HARD = {"sarcasm", "polite_anger", "mixed_feelings", "angry_then_resolved", "neutral_bad_event",
         "profanity", "typos", "emoji_only", "very_long", "prompt_injection", "code_switching"}
 SENDERS = {"customer", "agent", "bot"}
+KINDS = {"chat", "short", "social"}
+KEYS = {"id", "scenario", "domain", "language", "label", "hard_cases", "messages", "summary", "reply"}
+PARTIAL_KEYS = {"id", "of", "upto", "label", "hard_cases", "summary", "reply"}
 PLACEHOLDER = re.compile(r"\[[^\]]*\]|\{[^}]*\}|<[A-Za-z_ ]+>|XXX|\bN/A\b")
 NUMBER = re.compile(r"\d+(?:[.,:]\d+)*")
 
@@ -22,9 +27,50 @@ def numbers(text):
     return {n.strip(".,:") for n in NUMBER.findall(text)}
 
 
+def chats_beside(path):
+    """The full chats of every authoring file in `path`'s folder, by id (what partial windows point at)."""
+    chats = {}
+    for other in sorted(Path(path).parent.glob("*.jsonl")):
+        if not other.name.startswith(("p-", "eval_")):
+            for line in other.read_text(encoding="utf-8").splitlines():
+                if line.strip():
+                    r = json.loads(line)
+                    chats[r["id"]] = r
+    for line in (Path(path).parent / "eval_chats.jsonl").read_text(encoding="utf-8").splitlines():
+        if line.strip():
+            r = json.loads(line)
+            chats[r["chat_id"]] = {"id": r["chat_id"], "language": r["language"],
+                                   "messages": [[m["sender"], m["text"]] for m in r["messages"]]}
+    return chats
+
+
+def as_window(r, chats, where, errors):
+    """A partial-window line as a full record (its chat's first `upto` messages), or None when it is wrong."""
+    if set(r) != PARTIAL_KEYS:
+        errors.append(f"{where}: a partial window's keys are exactly {sorted(PARTIAL_KEYS)}, got {sorted(r)}")
+        return None
+    chat = chats.get(r["of"])
+    if chat is None:
+        errors.append(f"{where}: no chat {r['of']!r} to be a partial window of")
+        return None
+    upto = r["upto"]
+    if not isinstance(upto, int) or not 1 <= upto < len(chat["messages"]):
+        errors.append(f"{where}: upto must be 1..{len(chat['messages']) - 1} (the chat has {len(chat['messages'])})")
+        return None
+    if r["id"] != f"{r['of']}-p{upto}":
+        errors.append(f"{where}: a partial window's id is {r['of']}-p{upto}")
+    if chat["messages"][upto - 1][0] != "customer":
+        errors.append(f"{where}: the window must end on a customer message")
+    return {**chat, **{k: r[k] for k in ("id", "label", "hard_cases", "summary", "reply")},
+            "scenario": chat.get("scenario", chat["id"]), "messages": chat["messages"][:upto], "kind": "partial",
+            "domain": chat.get("domain", "retail")}
+
+
 def check(path):
     errors, seen = [], set()
     counts = collections.defaultdict(collections.Counter)
+    partial = Path(path).name.startswith("p-")
+    chats = chats_beside(path) if partial else {}
     for lineno, line in enumerate(open(path, encoding="utf-8"), 1):
         where = f"{path}:{lineno}"
         try:
@@ -32,10 +78,22 @@ def check(path):
         except json.JSONDecodeError as e:
             errors.append(f"{where}: not JSON: {e}")
             continue
-        keys = {"id", "scenario", "domain", "language", "label", "hard_cases", "messages", "summary", "reply"}
-        if set(r) != keys:
-            errors.append(f"{where}: keys must be exactly {sorted(keys)}, got {sorted(r)}")
+        if partial:
+            r = as_window(r, chats, where, errors)
+            if r is None:
+                continue
+        elif not KEYS <= set(r) <= KEYS | {"kind"}:
+            errors.append(f"{where}: keys must be exactly {sorted(KEYS)} (and optionally kind), got {sorted(r)}")
             continue
+        kind = r.get("kind", "chat")
+        if kind not in KINDS | {"partial"} or (kind == "partial") != partial:
+            errors.append(f"{where}: kind must be one of {sorted(KINDS)}")
+        if kind == "short":
+            senders = [m[0] for m in r["messages"]]
+            if "agent" in senders or not 1 <= senders.count("customer") <= 3:
+                errors.append(f"{where}: a short chat has 1 to 3 customer messages and no agent")
+        if kind == "social" and "agent" not in [m[0] for m in r["messages"]] and len(r["messages"]) < 2:
+            errors.append(f"{where}: a social thread has several posts")
         if r["id"] in seen:
             errors.append(f"{where}: duplicate id {r['id']}")
         seen.add(r["id"])
@@ -74,6 +132,9 @@ def check(path):
                 errors.append(f"{where}: {field} has numbers not in the chat: {sorted(missing)}")
         if "very_long" in r["hard_cases"] and len(chat) < 4500:
             errors.append(f"{where}: very_long chat has only {len(chat)} characters (need >= 4500)")
+        if r["label"] == 0 and r["reply"] is None and r["messages"][-1][0] == "customer" and "?" in r["messages"][-1][1]:
+            errors.append(f"{where}: warning-as-error: a neutral window that ends on an unanswered customer question needs a reply")
+        counts["kind"][kind] += 1
         counts["label"][r["label"]] += 1
         counts["language"][r["language"]] += 1
         counts["domain"][r["domain"]] += 1

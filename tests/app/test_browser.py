@@ -25,7 +25,7 @@ from tests.support.app import (
 
 from app.main import create_app
 from chatlens.config import DEFAULT_PROJECT, LAYOUT, topic_path
-from chatlens.pubsub.admin import ensure_layout
+from localpubsub.admin import ensure_layout
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",

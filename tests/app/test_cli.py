@@ -11,7 +11,7 @@ import httpx
 from tests.support.app import PASSWORD, dashboard_process, free_port, sqlite_url
 
 from chatlens.config import DEFAULT_PROJECT
-from chatlens.pubsub.admin import ensure_layout
+from localpubsub.admin import ensure_layout
 
 
 def test_dashboard_command_serves_and_stops_cleanly_on_sigterm(tmp_path, pubsub_server):

@@ -20,8 +20,8 @@ from app.main import create_app
 from app.models import ErrorEvent, Insight
 from chatlens.config import DEFAULT_PROJECT, LAYOUT, topic_path
 from chatlens.contracts import DeadLetter
-from chatlens.pubsub.admin import ensure_layout
-from chatlens.pubsub.server import EmulatorServer
+from localpubsub.admin import ensure_layout
+from localpubsub.server import EmulatorServer
 
 INSIGHTS = topic_path(DEFAULT_PROJECT, LAYOUT.insights_topic)
 DEAD_LETTERS = topic_path(DEFAULT_PROJECT, LAYOUT.deadletter_topic)

@@ -24,7 +24,7 @@ def test_demo_chats_are_valid_and_disjoint_from_the_test_data():
 def test_simulate_publishes_windows_and_streamed_chats(pubsub_server, monkeypatch):
     from google.cloud import pubsub_v1
 
-    from chatlens.pubsub.admin import ensure_layout
+    from localpubsub.admin import ensure_layout
 
     monkeypatch.setenv("PUBSUB_EMULATOR_HOST", pubsub_server)
     ensure_layout("chatlens-local")

@@ -272,7 +272,7 @@ def _distribution_of(file: str | None) -> str | None:
 
 def _project_imports(start: list[str]) -> set[str]:
     """Every module imported anywhere (also inside functions) by `start` and the project modules it reaches."""
-    project = ("app", "chatlens", "cli", "pipeline")
+    project = ("app", "chatlens", "cli", "localpubsub", "pipeline")
     seen, third_party = set(), set()
     todo = list(start)
     while todo:
@@ -305,17 +305,17 @@ def test_dashboard_requirements_cover_what_its_commands_import():
 
     # What the commands import when they start: `chatlens` builds its parser from every command module.
     probe = ("import sys; before = set(sys.modules); import cli.main; cli.main.build_parser(); "
-             "import app.main, app.server, app.subscriber, app.commands.users, chatlens.pubsub.admin, "
+             "import app.main, app.server, app.subscriber, app.commands.users, localpubsub.admin, "
              "chatlens.simulate; print('\\n'.join(getattr(sys.modules[m], '__file__', None) or '' "
              "for m in set(sys.modules) - before))")
     files = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, check=True,
                            env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}).stdout.split()
     needed = {_distribution_of(f) for f in files}
     # ... and what they import later, inside functions (the subscribers, the Pub/Sub clients).
-    for name in _project_imports(["app", "cli.main", "chatlens.pubsub.admin", "chatlens.simulate"]):
+    for name in _project_imports(["app", "cli.main", "localpubsub.admin", "chatlens.simulate"]):
         spec = importlib.util.find_spec(name)
         needed.add(_distribution_of(spec.origin if spec else None))
-    needed -= {None, "chatlens", *OPTIONAL}
+    needed -= {None, "chatlens", "localpubsub", *OPTIONAL}
     assert needed, "found no imports: the probe is broken"
     assert needed <= allowed, f"the dashboard image lacks {sorted(needed - allowed)}"
 

@@ -244,7 +244,7 @@ def assert_exactly_once(database: Path, good: list[bytes], bad: list[bytes]) -> 
 @pytest.mark.slow  # `chatlens pipeline` and `chatlens dashboard` subprocesses, end to end
 def test_kill_9_pipeline_mid_batch_and_dashboard_mid_store_stores_each_input_exactly_once(pubsub_server, tmp_path,
                                                                                           monkeypatch):
-    from chatlens.pubsub.admin import ensure_layout
+    from localpubsub.admin import ensure_layout
 
     monkeypatch.setenv("PUBSUB_EMULATOR_HOST", pubsub_server)
     ensure_layout(PROJECT)
@@ -295,7 +295,7 @@ def test_pipeline_frozen_past_its_leases_publishes_again_and_each_input_is_still
     certain: the pipeline is frozen (SIGSTOP) at its first outcome, its leases run out, a
     second pipeline finishes its inputs; woken (SIGCONT), it publishes the outcomes of the
     batch it held again, as new Pub/Sub messages, and is then killed -9."""
-    from chatlens.pubsub.admin import ensure_layout
+    from localpubsub.admin import ensure_layout
 
     monkeypatch.setenv("PUBSUB_EMULATOR_HOST", pubsub_server)
     ensure_layout(PROJECT)
@@ -374,8 +374,8 @@ def test_pubsub_server_restart_under_running_dashboard_and_pipeline_recovers_una
     """The demo's own machinery keeps the server: its ProcessGroup starts `chatlens pubsub-emulator` again
     when it dies, and its LayoutWatchdog re-creates the layout on the empty server; the dashboard and
     the pipeline are never touched."""
-    from chatlens.pubsub.admin import ensure_layout
-    from chatlens.pubsub.emulator import wait_ready
+    from localpubsub.admin import ensure_layout
+    from localpubsub.emulator import wait_ready
     from cli.demo import ProcessGroup, chatlens_argv, pubsub_watchdog
     from cli.demo import Service as DemoService
 

@@ -191,7 +191,7 @@ def test_analyze_runs_from_the_installed_wheel(installed, model_cache, tmp_path)
 
 def test_dashboard_runs_from_the_installed_wheel(installed, pubsub_server):
     """Templates and static files come from the installed package; SIGTERM stops it cleanly."""
-    from chatlens.pubsub.admin import ensure_layout
+    from localpubsub.admin import ensure_layout
 
     ensure_layout(DEFAULT_PROJECT, emulator_host=pubsub_server)
     url, port = sqlite_url(installed.work, "wheel-dashboard.db"), free_port()

@@ -1,4 +1,4 @@
-"""The official Node.js client (@google-cloud/pubsub, pinned in tests/chatlens/node_client) against the emulator.
+"""The official Node.js client (@google-cloud/pubsub, pinned in tests/localpubsub/node_client) against the emulator.
 
 A second client library finds what the Python one forgives (issue 13). `make test` installs the
 packages (`make node-client`); a plain pytest run does `npm ci` itself when they are missing.
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from chatlens.pubsub.emulator import EmulatorServer
+from localpubsub.emulator import EmulatorServer
 
 NODE_CLIENT = Path(__file__).with_name("node_client")
 

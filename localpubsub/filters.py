@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping
 
-from chatlens.pubsub.names import invalid
+from localpubsub.names import invalid
 
 Predicate = Callable[[Mapping[str, str]], bool]
 

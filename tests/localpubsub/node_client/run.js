@@ -1,5 +1,5 @@
 // The official Node.js Pub/Sub client against a running ChatLens emulator (PUBSUB_EMULATOR_HOST).
-// Run by tests/chatlens/test_pubsub_node_client.py; each check prints "ok" or "not ok" with the reason,
+// Run by tests/localpubsub/test_node_client.py; each check prints "ok" or "not ok" with the reason,
 // and the exit status is 1 if any failed. Plain node: no test framework to install.
 'use strict';
 

@@ -1,6 +1,6 @@
 """Local Pub/Sub: a gRPC server compatible with `google.pubsub.v1`, and layout setup.
 
-`chatlens.pubsub.emulator` runs the server (`EmulatorServer`), `chatlens.pubsub.admin`
+`localpubsub.emulator` runs the server (`EmulatorServer`), `localpubsub.admin`
 creates the topics and subscriptions of `chatlens.config.LAYOUT` (`ensure_layout`).
 Nothing heavy is imported here, so that `chatlens --help` stays fast.
 """

@@ -22,8 +22,8 @@ from collections.abc import Iterable, Sequence
 import grpc
 from google.protobuf import timestamp_pb2
 
-from chatlens.pubsub.filters import compile_filter
-from chatlens.pubsub.names import (
+from localpubsub.filters import compile_filter
+from localpubsub.names import (
     EmulatorError,
     check_project,
     check_resource,
@@ -32,8 +32,8 @@ from chatlens.pubsub.names import (
     project_of,
     unimplemented,
 )
-from chatlens.pubsub.protos import PubsubMessage, PullResponse, StreamingPullResponse, Subscription, Topic
-from chatlens.pubsub.queues import Batch, Entry, Stream, SubscriptionQueue
+from localpubsub.protos import PubsubMessage, PullResponse, StreamingPullResponse, Subscription, Topic
+from localpubsub.queues import Batch, Entry, Stream, SubscriptionQueue
 
 log = logging.getLogger(__name__)
 

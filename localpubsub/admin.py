@@ -34,7 +34,7 @@ def run(args: argparse.Namespace) -> int:
     from google.api_core.exceptions import GoogleAPIError
 
     from chatlens.config import get_settings
-    from chatlens.pubsub.emulator import wait_ready
+    from localpubsub.emulator import wait_ready
 
     project = args.project or get_settings().project
     emulator = args.emulator_host or os.environ.get("PUBSUB_EMULATOR_HOST")

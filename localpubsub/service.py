@@ -16,11 +16,11 @@ from collections.abc import Callable, Iterator
 import grpc
 from google.protobuf import empty_pb2, text_format
 
-from chatlens.pubsub.names import EmulatorError
-from chatlens.pubsub.protos import raw
-from chatlens.pubsub.state import Broker, Stream
+from localpubsub.names import EmulatorError
+from localpubsub.protos import raw
+from localpubsub.state import Broker, Stream
 
-log = logging.getLogger("chatlens.pubsub.emulator")
+log = logging.getLogger("localpubsub.emulator")
 
 Empty = empty_pb2.Empty
 _PULL_MARGIN = 0.25  # seconds a waiting Pull leaves before the client's deadline

@@ -46,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
 
 def serve(host: str, port: int, *, stream_max_age: float | None = None) -> int:
     """Serve until SIGTERM or SIGINT."""
-    from chatlens.pubsub.server import EmulatorServer
+    from localpubsub.server import EmulatorServer
 
     stop = threading.Event()
     previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
@@ -113,7 +113,7 @@ def __getattr__(name: str):
     # The server pulls in grpc and protobuf; load it only when asked, so that
     # `chatlens --help` (which imports every command module) stays fast.
     if name == "EmulatorServer":
-        from chatlens.pubsub.server import EmulatorServer
+        from localpubsub.server import EmulatorServer
 
         return EmulatorServer
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -22,11 +22,11 @@ from google.cloud import pubsub_v1
 from google.protobuf import field_mask_pb2
 
 from chatlens.config import LAYOUT, subscription_path, topic_path
-from chatlens.pubsub.admin import admin_clients, ensure_layout
-from chatlens.pubsub.emulator import EmulatorServer, wait_ready
-from chatlens.pubsub.filters import compile_filter
-from chatlens.pubsub.names import EmulatorError
-from chatlens.pubsub.protos import StreamingPullRequest, StreamingPullResponse, Subscription, Topic
+from localpubsub.admin import admin_clients, ensure_layout
+from localpubsub.emulator import EmulatorServer, wait_ready
+from localpubsub.filters import compile_filter
+from localpubsub.names import EmulatorError
+from localpubsub.protos import StreamingPullRequest, StreamingPullResponse, Subscription, Topic
 
 PROJECT = "chatlens-test"
 CHATLENS = Path(sys.executable).with_name("chatlens")

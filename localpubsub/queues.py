@@ -13,9 +13,9 @@ import threading
 import time
 from collections import deque
 
-from chatlens.pubsub.filters import Predicate
-from chatlens.pubsub.names import EmulatorError
-from chatlens.pubsub.protos import StreamingPullResponse
+from localpubsub.filters import Predicate
+from localpubsub.names import EmulatorError
+from localpubsub.protos import StreamingPullResponse
 
 
 class Entry:

@@ -7,10 +7,10 @@ from concurrent import futures
 
 import grpc
 
-from chatlens.pubsub.service import generic_handlers
-from chatlens.pubsub.state import Broker
+from localpubsub.service import generic_handlers
+from localpubsub.state import Broker
 
-log = logging.getLogger("chatlens.pubsub.emulator")
+log = logging.getLogger("localpubsub.emulator")
 
 _MAX_MESSAGE_BYTES = 32 * 1024 * 1024  # Publish requests may carry up to 10 MB of messages
 
