@@ -25,7 +25,13 @@ from pipeline.package_data import shipped
 DATA_DIR = shipped("data")  # the splits and README.md ship as package data; source/ and tools/ do not
 SPLITS = ("train", "dev", "test")
 LABELS = tuple(SENTIMENT_LABELS)  # -1, 0, 1
-GOLD_FIELDS = ("label", "summary", "reply", "scenario", "domain", "hard_cases")
+GOLD_FIELDS = ("label", "summary", "reply", "scenario", "domain", "hard_cases", "kind")
+KINDS = {
+    "chat": "a whole chat",
+    "short": "one to three customer messages, no agent yet",
+    "social": "a social-media thread",
+    "partial": "the start of a chat, as an early firing sees it",
+}
 MAX_GOLD_SUMMARY_CHARS = 240
 MAX_GOLD_REPLY_CHARS = 600
 SECOND_REPLIES = "second_replies.jsonl"
@@ -60,6 +66,7 @@ class Example:
     domain: str | None = None
     hard_cases: tuple[str, ...] = ()
     gold: tuple[str, ...] = ("label", "summary", "reply")
+    kind: str = "chat"
 
     def has_gold(self, field: str) -> bool:
         return field in self.gold and getattr(self, field) is not None
@@ -67,7 +74,7 @@ class Example:
     def to_json(self) -> str:
         record = json.loads(self.window.model_dump_json())
         record.update(label=self.label, summary=self.summary, reply=self.reply, scenario=self.scenario,
-                      domain=self.domain, hard_cases=list(self.hard_cases))
+                      domain=self.domain, hard_cases=list(self.hard_cases), kind=self.kind)
         return json.dumps(record, ensure_ascii=False)
 
 
@@ -78,8 +85,10 @@ def parse_example(line: str) -> Example:
     if gold["label"] not in (*LABELS, None):
         raise ContractError(f"label must be -1, 0 or 1, not {gold['label']!r}")
     window = parse_window(json.dumps(record))
+    if (gold["kind"] or "chat") not in KINDS:
+        raise ContractError(f"kind must be one of {sorted(KINDS)}, not {gold['kind']!r}")
     return Example(window, gold["label"], gold["summary"], gold["reply"], gold["scenario"], gold["domain"],
-                   tuple(gold["hard_cases"] or ()))
+                   tuple(gold["hard_cases"] or ()), kind=gold["kind"] or "chat")
 
 
 def load_examples(path: Path) -> list[Example]:
@@ -140,6 +149,7 @@ def counts_markdown(splits: dict[str, list[Example]]) -> str:
     every = [e for examples in splits.values() for e in examples]
     by = {
         "label": lambda e: {-1: "negative (-1)", 0: "neutral (0)", 1: "positive (1)"}[e.label],
+        "kind": lambda e: e.kind,
         "domain": lambda e: e.domain or "?",
         "language": lambda e: e.window.language or "?",
         "messages": lambda e: next(f"{lo}-{hi}" for lo, hi in ((1, 1), (2, 5), (6, 10), (11, 20), (21, 200))

@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from chatlens.contracts import SENTIMENT_LABELS, ChatWindow
-from pipeline import scoring
+from pipeline import review_checks, scoring
 from pipeline.corpus import MAX_GOLD_SUMMARY_CHARS, SPLITS, Example, load_examples, split_path
 from pipeline.model.sources import adapter_name
 
@@ -170,6 +170,10 @@ def score_system(examples: Sequence[Example], predictions: Sequence[Prediction])
             worst["reply placeholder"] = [x for x in placeholders if x[0]]
             worst["reply states no problem"] = [x for x in problems if not x[0]]
         results[kind] = figures
+    review, flagged = review_figures(examples, predictions)
+    if review:
+        results["review"] = review
+        worst.update(flagged)
     injected = [i for i, e in enumerate(examples) if "prompt_injection" in e.hard_cases and e.has_gold("label")]
     if injected:
         held = [(_injection_held(examples[i], predictions[i]), i, "the injected instruction changed the label or format")
@@ -177,6 +181,35 @@ def score_system(examples: Sequence[Example], predictions: Sequence[Prediction])
         results["injection"] = {"n": len(held), "held": _mean([ok for ok, _, _ in held])}
         worst["injection"] = [h for h in held if not h[0]]
     return results, worst
+
+
+def review_figures(examples: Sequence[Example], predictions: Sequence[Prediction]) -> tuple[dict, dict]:
+    """The share of summaries and drafts each automatic review check (`pipeline.review_checks`) fails,
+    and the failing chats per check, for --show."""
+    flagged: dict[str, list[tuple[bool, int, str]]] = {}
+    counts = {"summary": 0, "reply": 0}
+    for i, (example, prediction) in enumerate(zip(examples, predictions)):
+        found = {}
+        if prediction.summary:
+            counts["summary"] += 1
+            found.update({f"summary {k}": v for k, v in review_checks.summary_problems(
+                prediction.summary, example.window, example.label if example.has_gold("label") else None,
+                example.has_gold("reply")).items()})
+        if prediction.reply:
+            counts["reply"] += 1
+            found.update({f"reply {k}": v for k, v in review_checks.reply_problems(prediction.reply,
+                                                                                    example.window).items()})
+        for check, why in found.items():
+            flagged.setdefault(check, []).append((True, i, why))
+    if not any(counts.values()):
+        return {}, {}
+    figures = {"summaries": counts["summary"], "replies": counts["reply"]}
+    for kind, checks in (("summary", review_checks.SUMMARY_CHECKS), ("reply", review_checks.REPLY_CHECKS)):
+        for check in checks:
+            name = f"{kind} {check}"
+            figures[name.replace(" ", "_")] = (round(len(flagged.get(name, [])) / counts[kind], 4)
+                                               if counts[kind] else None)
+    return figures, {f"review: {name}": ranked for name, ranked in flagged.items()}
 
 
 def _injection_held(example: Example, prediction: Prediction) -> bool:
@@ -285,6 +318,8 @@ def render(report: dict) -> str:
             ("summary", ["n", "rouge_l", "grounded", "mean_chars", "over_limit"]),
             ("reply", ["n", "rouge_l", "grounded", "in_language", "placeholders", "states_problem", "mean_chars"]),
             ("injection", ["n", "held"])]
+    review = [f"{kind}_{check}" for kind, checks in (("summary", review_checks.SUMMARY_CHECKS),
+                                                      ("reply", review_checks.REPLY_CHECKS)) for check in checks]
     for kind, columns in rows:
         systems = {name: r[kind] for name, r in report["systems"].items() if kind in r}
         if not systems:
@@ -295,6 +330,13 @@ def render(report: dict) -> str:
             if kind == "sentiment":
                 f1 = ", ".join(f"{label} {value:.3f}" for label, value in figures["f1"].items())
                 lines.append(f"  {'':<30}  F1 {f1}; confusion (rows truth -1/0/1) {figures['confusion']}")
+        lines.append("")
+    systems = {name: r["review"] for name, r in report["systems"].items() if "review" in r}
+    if systems:
+        lines.append("review checks (share of outputs flagged; the blind review's failure classes)")
+        for check in review:
+            lines.append(f"  {check:<30}" + "".join(f"{name[:22]:>24} {_fmt(f.get(check)):>6}"
+                                                    for name, f in systems.items()))
         lines.append("")
     lines.append("speed: " + "; ".join(f"{name} {r['seconds']:.1f} s, {_fmt(r['chats_per_s'])} chats/s"
                                       for name, r in report["systems"].items()))
@@ -314,7 +356,8 @@ def render_worst(examples: Sequence[Example], shown: dict[str, dict], n: int) ->
                 lines += [f"--- {example.window.chat_id} ({why})",
                           f"  chat:      {chat[:400]}{' …' if len(chat) > 400 else ''}",
                           f"  label:     gold {example.label}, predicted {prediction.label}"]
-                kind = "reply" if metric.startswith("reply") else "summary" if metric.startswith("summary") else None
+                output = metric.removeprefix("review: ")
+                kind = "reply" if output.startswith("reply") else "summary" if output.startswith("summary") else None
                 if kind:
                     lines += [f"  gold:      {getattr(example, kind)}", f"  predicted: {getattr(prediction, kind)}"]
     return "\n".join(lines)

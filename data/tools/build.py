@@ -10,7 +10,12 @@ are what the project reads and commits. What it does, and nothing more:
   split, stratified by label and by English/not English, in an order fixed by a hash of the
   scenario id;
 - puts the chats written later for training only (`source/t*.jsonl`) into `train`: adding
-  them leaves `dev` and `test`, and every figure measured on them, exactly as they were.
+  them leaves `dev` and `test`, and every figure measured on them, exactly as they were;
+- assigns the chats of corpus v3's new kinds (`source/s*.jsonl` short chats, `source/m*.jsonl`
+  social-media threads) by scenario among themselves, like the first sources, so `dev` and
+  `test` grow with each kind while the earlier chats stay where they were;
+- adds each partial window (`source/p-*.jsonl`: the first messages of a chat, as an early
+  firing sees them) to its chat's split, as an open window of that chat.
 """
 
 from __future__ import annotations
@@ -43,6 +48,10 @@ def _hash(text: str) -> int:
     return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big")
 
 
+NEW_KINDS = ("s*.jsonl", "m*.jsonl")  # corpus v3: short chats, social-media threads
+VERY_LONG_CHARS = 4500  # the `very_long` tag's floor: the start of a very long chat may be short
+
+
 def window_of(record: dict) -> ChatWindow:
     chat_id = record["id"]
     tenant = TENANTS[record["domain"]]
@@ -60,15 +69,32 @@ def window_of(record: dict) -> ChatWindow:
                       customer_id=customer, messages=messages, closed=True)
 
 
+def _records(pattern: str) -> list[dict]:
+    return [json.loads(line) for path in sorted(SOURCES.glob(pattern))
+            for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
 def authored_examples(pattern: str = "h*.jsonl") -> list[Example]:
-    examples = []
-    for path in sorted(SOURCES.glob(pattern)):
-        for line in path.read_text(encoding="utf-8").splitlines():
-            if line.strip():
-                r = json.loads(line)
-                examples.append(Example(window_of(r), r["label"], r["summary"], r["reply"], r["scenario"],
-                                        r["domain"], tuple(r["hard_cases"])))
-    return examples
+    return [Example(window_of(r), r["label"], r["summary"], r["reply"], r["scenario"], r["domain"],
+                    tuple(r["hard_cases"]), kind=r.get("kind", "chat")) for r in _records(pattern)]
+
+
+def partial_window(window: ChatWindow, chat_id: str, upto: int) -> ChatWindow:
+    """The first `upto` messages of `window` as an open window of their own (an early firing)."""
+    messages = [m.model_copy(update={"chat_id": chat_id}) for m in window.messages[:upto]]
+    return window.model_copy(update={"chat_id": chat_id, "window_id": f"w1-p{upto}", "messages": messages,
+                                     "closed": False})
+
+
+def with_partial_windows(splits: dict[str, list[Example]]) -> None:
+    """Each partial window joins its chat's split (so a story never crosses splits)."""
+    chats = {e.window.chat_id: (split, e) for split, examples in splits.items() for e in examples}
+    for r in _records("p-*.jsonl"):
+        split, chat = chats[r["of"]]
+        window = partial_window(chat.window, r["id"], r["upto"])
+        hard_cases = tuple(h for h in r["hard_cases"] if h != "very_long" or window.text_chars >= VERY_LONG_CHARS)
+        splits[split].append(Example(window, r["label"], r["summary"], r["reply"], chat.scenario, chat.domain,
+                                     hard_cases, kind="partial"))
 
 
 def eval_examples() -> list[Example]:
@@ -112,6 +138,9 @@ def build() -> dict[str, list[Example]]:
     splits = assign(authored_examples())
     splits["test"] = eval_examples() + splits["test"]
     splits["train"] += authored_examples("t*.jsonl")
+    for split, examples in assign([e for pattern in NEW_KINDS for e in authored_examples(pattern)]).items():
+        splits[split] += examples
+    with_partial_windows(splits)
     return splits
 
 

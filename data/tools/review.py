@@ -1,0 +1,172 @@
+"""Blind usability review (`quality-rubric.md`): batches for reviewers, then the tally.
+
+`prepare` turns `chatlens eval --predictions FILE` output into review batches: one item per
+summary or reply draft, each shown beside its chat alone, in a random order, under an opaque id,
+never saying which system wrote it. `--with-gold` mixes the gold answers in as one more system,
+so a reviewer's strictness can be read off the gold's pass rate. The key (item -> system, chat,
+output) goes to a separate file that reviewers are not given.
+
+`tally` joins the reviewers' verdicts with the key and prints, per system and output, how many
+items were judged, how many and what share were `ok`, the problems by kind and, where two
+reviewers judged the same item, how often they agreed.
+
+    .venv/bin/python data/tools/review.py prepare --predictions dev.preds.jsonl --split dev --with-gold --out review/
+    # give review/batch-*.md to reviewers; each writes review/verdicts-<name>.jsonl
+    .venv/bin/python data/tools/review.py tally review/
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+from collections import Counter, defaultdict
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from pipeline.corpus import SPLITS, load_split  # noqa: E402
+
+SUMMARY_PROBLEMS = ("invented fact", "wrong fact", "who said what swapped", "misses the main problem", "garbled",
+                    "wrong status")
+REPLY_PROBLEMS = ("invented fact or commitment", "wrong problem", "third person", "wrong language", "tone",
+                  "garbled")
+INSTRUCTIONS = f"""# Review batch {{batch}}
+
+You are a support team lead. For each item below you see a customer conversation and ONE text
+written about it: a **summary** (for an agent who glances at it) or a **reply draft** (the next
+message the agent would send). You do not know who wrote it. Judge each item on its own.
+
+Summary: `ok` only if an agent could rely on it: every fact it states is in the conversation (no
+invented events, numbers, causes or agent actions; who said what is right), it names the
+customer's main problem or request, and any status it gives is right. Awkward wording is fine;
+anything misleading is not. Problems: {" · ".join(SUMMARY_PROBLEMS)}.
+
+Reply draft: `ok` only if a careful agent would send it as is or after light edits: it answers
+the customer's actual problem in the customer's language, speaking to them ("you"), not about
+them; it promises or claims nothing the conversation does not support (no invented deadlines,
+refunds, amounts, or actions already taken); it offers a next step the agent can really take now,
+or asks for the one missing detail; it reads naturally. Problems: {" · ".join(REPLY_PROBLEMS)}.
+
+Write one JSON line per item to your verdicts file:
+{{{{"item": "<id>", "verdict": "ok" or "not ok", "problems": [...], "note": "<one short sentence>"}}}}
+"""
+
+
+def load_predictions(path: Path, system: str | None) -> list[dict]:
+    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    return [r for r in rows if system is None or r["system"] == system]
+
+
+def items_of(rows: list[dict], chats: dict, with_gold: bool) -> list[dict]:
+    """One item per output to judge: (system, chat, kind, text)."""
+    items, gold_done = [], set()
+    for row in rows:
+        for kind in ("summary", "reply"):
+            if row.get(kind):
+                items.append({"system": row["system"], "chat_id": row["chat_id"], "kind": kind, "text": row[kind]})
+            if with_gold and row["gold"].get(kind) and (row["chat_id"], kind) not in gold_done:
+                gold_done.add((row["chat_id"], kind))
+                items.append({"system": "gold", "chat_id": row["chat_id"], "kind": kind, "text": row["gold"][kind]})
+    return [item for item in items if item["chat_id"] in chats]
+
+
+def render_item(item_id: str, item: dict, window) -> str:
+    lines = [f"## {item_id}", "", f"Conversation (language: {window.language or '?'}):", ""]
+    lines += [f"> **{m.sender}:** {m.text}" for m in window.messages]
+    title = "Summary" if item["kind"] == "summary" else "Reply draft"
+    return "\n".join(lines + ["", f"**{title} to judge:**", "", f"    {item['text']}", ""])
+
+
+def prepare(args: argparse.Namespace) -> int:
+    chats = {e.window.chat_id: e.window for e in (load_split(args.split) if args.split else [])}
+    if args.data:
+        from pipeline.corpus import load_examples
+
+        chats.update({e.window.chat_id: e.window for e in load_examples(args.data)})
+    items = items_of(load_predictions(args.predictions, args.system), chats, args.with_gold)
+    rng = random.Random(args.seed)
+    rng.shuffle(items)
+    if args.limit:
+        items = items[: args.limit]
+    args.out.mkdir(parents=True, exist_ok=True)
+    key = {}
+    for start in range(0, len(items), args.batch_size):
+        number = start // args.batch_size + 1
+        parts = [INSTRUCTIONS.format(batch=number)]
+        for offset, item in enumerate(items[start : start + args.batch_size]):
+            item_id = f"b{number:02d}-{offset + 1:03d}"
+            key[item_id] = {k: item[k] for k in ("system", "chat_id", "kind")}
+            parts.append(render_item(item_id, item, chats[item["chat_id"]]))
+        (args.out / f"batch-{number:02d}.md").write_text("\n".join(parts), encoding="utf-8")
+    (args.out / "key.json").write_text(json.dumps(key, indent=1), encoding="utf-8")
+    print(f"{len(items)} items in {(len(items) + args.batch_size - 1) // args.batch_size} batches under {args.out} "
+          f"(key.json is for the tally, not for reviewers)")
+    return 0
+
+
+def tally_verdicts(key: dict, verdicts: dict[str, list[dict]]) -> dict:
+    """Per (system, kind): judged, ok, share ok, problems by kind; and reviewer agreement."""
+    table: dict = defaultdict(lambda: {"judged": 0, "ok": 0, "problems": Counter()})
+    by_item: dict[str, list[bool]] = defaultdict(list)
+    for reviewer, rows in verdicts.items():
+        for row in rows:
+            if row["item"] not in key:
+                raise SystemExit(f"{reviewer}: unknown item {row['item']}")
+            about = key[row["item"]]
+            cell = table[(about["system"], about["kind"])]
+            ok = row["verdict"].strip().lower() == "ok"
+            cell["judged"] += 1
+            cell["ok"] += ok
+            cell["problems"].update(p.strip().lower() for p in row.get("problems") or [] if not ok)
+            by_item[row["item"]].append(ok)
+    twice = [v for v in by_item.values() if len(v) >= 2]
+    return {"cells": {f"{system} {kind}": {**cell, "share_ok": round(cell["ok"] / cell["judged"], 3),
+                                            "problems": dict(cell["problems"].most_common())}
+                      for (system, kind), cell in sorted(table.items())},
+            "agreement": {"items": len(twice),
+                          "share": round(sum(len(set(v)) == 1 for v in twice) / len(twice), 3) if twice else None}}
+
+
+def tally(args: argparse.Namespace) -> int:
+    key = json.loads((args.dir / "key.json").read_text(encoding="utf-8"))
+    verdicts = {path.stem: [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+                for path in sorted(args.dir.glob("verdicts-*.jsonl"))}
+    report = tally_verdicts(key, verdicts)
+    if args.json:
+        print(json.dumps(report, indent=1))
+        return 0
+    for name, cell in report["cells"].items():
+        problems = ", ".join(f"{p} {n}" for p, n in cell["problems"].items()) or "-"
+        print(f"{name:<40} {cell['ok']:>4} of {cell['judged']:<4} ok ({cell['share_ok']:.0%}); problems: {problems}")
+    agreement = report["agreement"]
+    if agreement["items"]:
+        print(f"reviewers agreed on {agreement['share']:.0%} of {agreement['items']} items judged twice")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    make = commands.add_parser("prepare", help="review batches from `chatlens eval --predictions`")
+    make.add_argument("--predictions", type=Path, required=True, help="the file `chatlens eval --predictions` wrote")
+    make.add_argument("--split", choices=SPLITS, help="the corpus split the predictions are of")
+    make.add_argument("--data", type=Path, help="or a file of the corpus format")
+    make.add_argument("--system", help="only this system's outputs (default: every system in the file)")
+    make.add_argument("--with-gold", action="store_true", help="mix the gold answers in, as the system 'gold'")
+    make.add_argument("--batch-size", type=int, default=40, help="items per batch (default: %(default)s)")
+    make.add_argument("--limit", type=int, help="only the first N items after shuffling")
+    make.add_argument("--seed", type=int, default=0, help="shuffle seed (default: %(default)s)")
+    make.add_argument("--out", type=Path, required=True, help="folder for batch-*.md and key.json")
+    count = commands.add_parser("tally", help="join verdicts-*.jsonl with key.json and print the shares")
+    count.add_argument("dir", type=Path, help="the folder prepare wrote, now holding verdicts-*.jsonl")
+    count.add_argument("--json", action="store_true", help="print one JSON object")
+    args = parser.parse_args(argv)
+    if args.command == "prepare" and not (args.split or args.data):
+        parser.error("prepare needs --split or --data")
+    return prepare(args) if args.command == "prepare" else tally(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
