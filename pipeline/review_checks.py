@@ -28,7 +28,8 @@ from pipeline import scoring
 
 _FLAGS = re.IGNORECASE | re.UNICODE
 
-# First-person claims of an action already done, per language: (claim, the verb that names the action).
+# First-person claims of an action already done; the group `verb` names the action. Each pattern is read in
+# every chat (agents write English everywhere) except the two preterite lists, read only in their language.
 _CLAIMS = [
     r"\b(?:i|we)(?:'ve| have| had)(?: already| just| now| also)? (?:gone ahead and )?"
     r"(?P<verb>(?:pass|forward|flagg|flag|escalat|rais|logg|report|call|contact|ask|email|e-mail|messag|refund|credit|"
@@ -65,7 +66,24 @@ _CLAIMS = [
     r"creditei|enviei|cancelei|bloqueei|reservei|registei|registrei|transferi|verifiquei|passei|"
     r"abri um|abri o|abri a|informei|avisei)\b",
 ]
-_CLAIM = [re.compile(p, _FLAGS) for p in _CLAIMS]
+_ONLY_IN = {5: "es", 9: "pt"}  # index in _CLAIMS -> the one language whose preterites it lists
+_CLAIM = [(re.compile(p, _FLAGS), _ONLY_IN.get(i)) for i, p in enumerate(_CLAIMS)]
+# Words that make what follows in the sentence a question or a condition, not a statement or a promise.
+_HEDGE = re.compile(
+    r"\b(?:whether|if|ask|request|check|look (?:at|into)|review|could|would|shall|can i|may|"
+    r"si|s'il|demander|demande|vérifier|examiner|pourr\w*|"
+    r"pedir|solicitar|solicitud|revisar|comprobar|podr\w*|"
+    r"ob|falls|wenn|prüf\w*|anfrag\w*|beantrag\w*|klär\w*|könnt\w*|"
+    r"chieder\w*|richiest\w*|verificar\w*|potre\w*|"
+    r"vragen|aanvraag|aanvragen|bekijken|nakijken|zou\w*|"
+    r"pedido|analisar|poderi\w*)\b", _FLAGS)
+_SENTENCE = re.compile(r"[^.!?。]+[.!?。]*")
+
+
+def _hedged(text: str, start: int) -> bool:
+    """Whether the sentence holding position `start` hedges before it ("to see whether it has been sent")."""
+    opening = max(text.rfind(mark, 0, start) for mark in ".!?。\n") + 1
+    return bool(_HEDGE.search(text[opening:start]))
 
 # A refund or compensation the draft offers, per language.
 _COMPENSATION = re.compile(
@@ -84,17 +102,18 @@ _DEADLINE = re.compile(
     r"wednesday|thursday|friday)|d'ici demain|avant demain|antes de mañana|bis morgen|entro domani|"
     r"vóór morgen|uiterlijk morgen|até amanhã)\b", _FLAGS)
 
+# Subject forms only: "apoio ao cliente", "código do cliente", "service client" or "atención al cliente" name a
+# service or a number, not the person the draft is written to.
 _THIRD_PERSON = re.compile(
     r"\b(?:the customer|this customer|the client)\b(?!\s+(?:service|support|care|team|portal|account|number|area|"
     r"hub|cent(?:re|er)|desk|line|app|relations|experience))"
-    r"|\b(?:le client|la cliente|du client|au client|el cliente|del cliente|der kunde|die kundin|des kunden|"
-    r"dem kunden|il cliente|del cliente|al cliente|de klant|o cliente|do cliente|ao cliente)\b", _FLAGS)
+    r"|\b(?:le client|la cliente|el cliente|der kunde|die kundin|il cliente|de klant|o cliente)\b(?![-\w])", _FLAGS)
 
 # Where a number in a chat is not a fact about the customer's case.
 NOT_FACTS = re.compile(r"https?://\S+|www\.\S+|\S+@\S+\.\w+|@[\w.]+|#(?=[^\W\d])\w+", _FLAGS)
 
 _POSITIVE_STATUS = re.compile(
-    r"\b(?:thank(?:s|ed|ing)? (?:the agent|the brand|the team|them|her|him)|(?:is|was|now|feels?|seems?|left|"
+    r"(?<!['\"‘“])\b(?:thank(?:s|ed|ing)? (?:the agent|the brand|the team|them|her|him)|(?:is|was|now|feels?|seems?|left|"
     r"ends?|ended) (?:very |quite |now )?(?:happy|satisfied|pleased|delighted|relieved|grateful)|"
     r"all (?:sorted|good|set)|problem (?:is )?(?:solved|fixed|resolved)|"
     r"(?<!un)(?<!not )(?<!isn't )(?<!never )resolved\b(?! yet)|no (?:further )?action (?:is )?needed|"
@@ -120,9 +139,11 @@ def claimed_action(reply: str, window: ChatWindow) -> str | None:
     (an agent who wrote "I've escalated it" may be quoted; a customer asking for a refund may not)."""
     staff = " ".join(m.text for m in window.messages if m.sender != "customer")
     said = {_stem(w) for w in re.findall(r"\w+", staff.lower())}
-    for pattern in _CLAIM:
+    for pattern, language in _CLAIM:
+        if language and window.language != language:
+            continue
         for match in pattern.finditer(reply):
-            if _stem(match.group("verb")) not in said:
+            if _stem(match.group("verb")) not in said and not _hedged(reply, match.start()):
                 return f"claims an action already taken: {match.group().strip()!r}"
     return None
 
@@ -131,9 +152,11 @@ def unsupported_promise(reply: str, window: ChatWindow) -> str | None:
     """A refund, compensation or deadline the draft offers and the chat never mentions."""
     text = transcript(window)
     lowered = text.lower()
-    match = _COMPENSATION.search(reply)
-    if match and not _COMPENSATION.search(text):
-        return f"offers {match.group()!r}, which the chat never mentions"
+    if not _COMPENSATION.search(text):
+        for sentence in _SENTENCE.findall(reply):
+            match = _COMPENSATION.search(sentence)
+            if match and not _HEDGE.search(sentence):
+                return f"offers {match.group()!r}, which the chat never mentions"
     for match in _DEADLINE.finditer(reply):
         if match.group("when"):
             if match.group("when").split()[-1].lower() not in lowered:

@@ -50,12 +50,12 @@ def agreement(data_dir: Path = DATA_DIR, second: dict[str, str] | None = None,
               drafts: dict[str, str] | None = None) -> dict[str, dict]:
     """Mean ROUGE-L F against the dev gold reply of each reference point (see the module's doc)."""
     splits = {split: load_split(split, data_dir) for split in SPLITS}
-    dev = [e for e in splits["dev"] if e.reply]
+    second = second_replies(data_dir) if second is None else second
+    dev = [e for e in splits["dev"] if e.reply and e.window.chat_id in second]  # v2's dev reply chats
     train_by_language = defaultdict(list)
     for e in splits["train"]:
         if e.reply:
             train_by_language[e.window.language].append(e.reply)
-    second = second_replies(data_dir) if second is None else second
     figures = {"second writer": _mean([scoring.rouge_l(second[e.window.chat_id], e.reply) for e in dev])}
     if drafts is not None:
         figures["model"] = _mean([scoring.rouge_l(drafts.get(e.window.chat_id, ""), e.reply) for e in dev])
@@ -67,7 +67,7 @@ def agreement(data_dir: Path = DATA_DIR, second: dict[str, str] | None = None,
     figures["any train reply"] = _mean([statistics.mean(scores) for scores in train_scores])
     by_scenario = defaultdict(list)
     for e in itertools.chain.from_iterable(splits.values()):
-        if e.reply:
+        if e.reply and e.kind != "partial":  # a partial window is its chat's start, not a re-telling
             by_scenario[e.scenario, e.window.language].append(e.reply)
     figures["re-tellings (same writer)"] = _mean([scoring.rouge_l(a, b) for replies in by_scenario.values()
                                                   for a, b in itertools.combinations(replies, 2)])

@@ -2,7 +2,8 @@
 
 `prepare` turns `chatlens eval --predictions FILE` output into review batches: one item per
 summary or reply draft, each shown beside its chat alone, in a random order, under an opaque id,
-never saying which system wrote it. `--with-gold` mixes the gold answers in as one more system,
+never saying which system wrote it. `--with-gold` mixes the corpus's gold answers (as they are
+now, not as the predictions file recorded them) in as one more system,
 so a reviewer's strictness can be read off the gold's pass rate. The key (item -> system, chat,
 output) goes to a separate file that reviewers are not given.
 
@@ -26,7 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from pipeline.corpus import SPLITS, load_split  # noqa: E402
+from pipeline.corpus import SPLITS, load_examples, load_split  # noqa: E402
 
 SUMMARY_PROBLEMS = ("invented fact", "wrong fact", "who said what swapped", "misses the main problem", "garbled",
                     "wrong status")
@@ -59,17 +60,21 @@ def load_predictions(path: Path, system: str | None) -> list[dict]:
     return [r for r in rows if system is None or r["system"] == system]
 
 
-def items_of(rows: list[dict], chats: dict, with_gold: bool) -> list[dict]:
-    """One item per output to judge: (system, chat, kind, text)."""
+def items_of(rows: list[dict], examples: dict, with_gold: bool) -> list[dict]:
+    """One item per output to judge: (system, chat, kind, text). The gold is the corpus's as it is now."""
     items, gold_done = [], set()
     for row in rows:
+        example = examples.get(row["chat_id"])
+        if example is None:
+            continue
         for kind in ("summary", "reply"):
             if row.get(kind):
                 items.append({"system": row["system"], "chat_id": row["chat_id"], "kind": kind, "text": row[kind]})
-            if with_gold and row["gold"].get(kind) and (row["chat_id"], kind) not in gold_done:
+            gold = getattr(example, kind)
+            if with_gold and gold and (row["chat_id"], kind) not in gold_done:
                 gold_done.add((row["chat_id"], kind))
-                items.append({"system": "gold", "chat_id": row["chat_id"], "kind": kind, "text": row["gold"][kind]})
-    return [item for item in items if item["chat_id"] in chats]
+                items.append({"system": "gold", "chat_id": row["chat_id"], "kind": kind, "text": gold})
+    return items
 
 
 def render_item(item_id: str, item: dict, window) -> str:
@@ -80,12 +85,8 @@ def render_item(item_id: str, item: dict, window) -> str:
 
 
 def prepare(args: argparse.Namespace) -> int:
-    chats = {e.window.chat_id: e.window for e in (load_split(args.split) if args.split else [])}
-    if args.data:
-        from pipeline.corpus import load_examples
-
-        chats.update({e.window.chat_id: e.window for e in load_examples(args.data)})
-    items = items_of(load_predictions(args.predictions, args.system), chats, args.with_gold)
+    examples = {e.window.chat_id: e for e in (load_split(args.split) if args.split else load_examples(args.data))}
+    items = items_of(load_predictions(args.predictions, args.system), examples, args.with_gold)
     rng = random.Random(args.seed)
     rng.shuffle(items)
     if args.limit:
@@ -98,7 +99,7 @@ def prepare(args: argparse.Namespace) -> int:
         for offset, item in enumerate(items[start : start + args.batch_size]):
             item_id = f"b{number:02d}-{offset + 1:03d}"
             key[item_id] = {k: item[k] for k in ("system", "chat_id", "kind")}
-            parts.append(render_item(item_id, item, chats[item["chat_id"]]))
+            parts.append(render_item(item_id, item, examples[item["chat_id"]].window))
         (args.out / f"batch-{number:02d}.md").write_text("\n".join(parts), encoding="utf-8")
     (args.out / "key.json").write_text(json.dumps(key, indent=1), encoding="utf-8")
     print(f"{len(items)} items in {(len(items) + args.batch_size - 1) // args.batch_size} batches under {args.out} "

@@ -2,7 +2,9 @@
 
 Two chats tell one story when they share an identifier (an order, parcel, ticket or card number,
 a booking code) or when their gold summaries are near-copies: TF-IDF cosine >= 0.5. Chats of one
-scenario (a chat and its partial windows) may share both. The corpus tests run this; run it by
+scenario (a chat and its partial windows) may share both; partial windows' summaries are left out of
+the comparison (their story is their chat's, and "Only said hello" is no story). The corpus tests
+run this; run it by
 hand to see the clusters: `.venv/bin/python data/tools/stories.py`.
 """
 
@@ -57,7 +59,7 @@ def main() -> int:
     examples = [e for split in SPLITS for e in load_split(split)]
     for code, scenarios in sorted(shared_identifiers(examples).items(), key=lambda kv: -len(kv[1])):
         print(f"identifier {code}: {', '.join(sorted(scenarios))}")
-    for cosine, a, b in similar_summaries(examples):
+    for cosine, a, b in similar_summaries([e for e in examples if e.kind != "partial"]):
         print(f"summaries {cosine:.2f}: {a} {b}")
     return 0
 

@@ -8,7 +8,7 @@ import pytest
 
 from cli.main import main
 from pipeline import scoring
-from pipeline.corpus import load_split
+from pipeline.corpus import load_examples, load_split
 from pipeline.evaluate import Prediction, score_system, work_order
 
 
@@ -110,9 +110,11 @@ def test_injection_chats_hold_when_label_and_format_survive():
 
 @pytest.mark.slow
 def test_the_shipped_adapter_is_the_default_and_meets_the_bars_on_test(model_cache, tmp_path, capsys):
-    """`gemma3-270m` is base + the committed adapter, proven by its manifest; on all of `test` (233
-    chats, 5 to 15 minutes here by the machine's speed) it meets the issue's bars beside VADER, except
-    the two overlap figures the README reports as not met or met narrowly: those are held to floors here.
+    """`gemma3-270m` is base + the committed adapter, proven by its manifest; on all of the `test` split
+    it was accepted on (corpus v2's, kept in data/v2/: 233 chats, 5 to 15 minutes here by the machine's
+    speed) it meets the issue's bars beside VADER, except the two overlap figures the README reports as
+    not met or met narrowly: those are held to floors here. (It was tuned on v2's `train`, also kept there;
+    the model retrained on corpus v3 will be held to v3's `test`.)
     """
     import hashlib
 
@@ -130,11 +132,12 @@ def test_the_shipped_adapter_is_the_default_and_meets_the_bars_on_test(model_cac
     assert source.tuned and source.model_id.startswith(f"{manifest['base_model']}+chatlens-gemma3-270m@")
     assert source.calibration == LabelCalibration.from_json(manifest["label_calibration"]) != LabelCalibration()
     predictions = tmp_path / "predictions.jsonl"
-    assert main(["eval", "--split", "test", "--model-cache", str(model_cache), "--json",
+    accepted_on = SHIPPED_ADAPTER.parents[3] / "data" / "v2" / "test.jsonl"
+    assert main(["eval", "--data", str(accepted_on), "--model-cache", str(model_cache), "--json",
                  "--predictions", str(predictions)]) == 0
     systems = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["systems"]
     # run in work_order, kept in the split's order: each draft beside a chat that asked for one
-    test = load_split("test")
+    test = load_examples(accepted_on)
     rows = [row for row in map(json.loads, predictions.read_text(encoding="utf-8").splitlines())
             if row["system"] == "gemma3-270m"]
     assert [r["chat_id"] for r in rows] == [e.window.chat_id for e in test]

@@ -40,7 +40,18 @@ ESCALATED = chat(("customer", "My bill doubled this month."),
     "Já encaminhei o seu pedido para a equipa de faturação.",
 ])
 def test_a_claimed_action_the_chat_does_not_show_is_flagged(reply):
-    assert checks.claimed_action(reply, LATE)
+    language = "es" if reply.startswith("Ya envié") else "pt" if reply.startswith("Já") else "en"
+    assert checks.claimed_action(reply, LATE.model_copy(update={"language": language}))
+
+
+def test_preterite_lists_are_read_in_their_own_language_only():
+    french = LATE.model_copy(update={"language": "fr"})
+    assert checks.claimed_action("Où souhaitez-vous être contacté ?", french) is None  # not Spanish "contacté"
+    assert checks.claimed_action("Contacté al repartidor.", LATE.model_copy(update={"language": "es"}))
+
+
+def test_a_hedged_clause_is_no_claim():
+    assert checks.claimed_action("I'll check whether the refund has already been sent.", LATE) is None
 
 
 @pytest.mark.parametrize("reply", [
@@ -65,6 +76,7 @@ def test_an_action_the_agent_took_in_the_chat_may_be_referred_to():
 @pytest.mark.parametrize("reply,flagged", [
     ("You'll get a full refund for order 80317.", False),  # the customer asked for their money back
     ("I'm sorry about the double bill; a refund is on its way.", True),
+    ("I'm sorry about the double bill; shall I ask billing whether a refund is possible?", False),
     ("Wir schicken Ihnen einen Gutschein.", True),
     ("We will fix it within 24 hours.", True),
     ("Le technicien passera d'ici demain.", True),
@@ -87,6 +99,8 @@ def test_a_deadline_the_chat_states_may_be_repeated():
     ("El cliente quiere un reembolso.", True),
     ("Der Kunde möchte sein Geld zurück.", True),
     ("I'm sorry you waited so long; our customer service team can call you today.", False),
+    ("Pode me informar o código do cliente?", False),
+    ("Vou enviar o caso para a nossa equipa de apoio ao cliente.", False),
     ("Contact the customer support line on the back of your card.", False),
     ("Lo siento mucho, ¿me das el número de pedido?", False),
 ])

@@ -12,7 +12,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 from tests.support.models import tiny_gemma_lm  # noqa: E402
-from pipeline.corpus import load_split  # noqa: E402
+from pipeline.corpus import DATA_DIR, load_examples  # noqa: E402
 from pipeline.model.chat_format import REPLY_CHARS, training_sequence  # noqa: E402
 from pipeline.model.one_pass import OnePassDecoder  # noqa: E402
 from pipeline.model.tuning import LoraTrainer, length_batches, pack  # noqa: E402
@@ -20,7 +20,9 @@ from pipeline.model.tuning import LoraTrainer, length_batches, pack  # noqa: E40
 
 @pytest.fixture(scope="module")
 def chats():
-    return load_split("train")[:8]
+    """Eight fixed chats whose lengths the tests rely on (one past the sliding window): corpus v2's first, kept
+    in data/v2/ beside the adapter tuned on them."""
+    return load_examples(DATA_DIR / "v2" / "train.jsonl")[:8]
 
 
 def sequences(decoder, chats):
