@@ -18,7 +18,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from pipeline.model.analysis import REPLY_FOR
+from pipeline.model.types import REPLY_FOR
 from pipeline.model.backends.base import DEFAULT_MODEL
 from pipeline.options import DEFAULTS, PipelineConfig
 

@@ -314,7 +314,7 @@ def test_redelivered_windows_are_dropped_within_the_ttl_and_settled():
 
 # ---- insights ---------------------------------------------------------------------------
 def test_insight_carries_the_window_the_analysis_and_the_publish_time():
-    from pipeline.model.analysis import WindowAnalysis
+    from pipeline.model.types import WindowAnalysis
 
     chat = parse_window(window_json("rtl-001", RTL_CHAT, tenant="acme", language="ar", closed=True))
     published = datetime(2026, 11, 21, 8, 0, tzinfo=timezone.utc)
@@ -490,8 +490,8 @@ def test_model_stage_noop_option_and_baseline_handler():
 
     from apache_beam.options.pipeline_options import PipelineOptions
 
-    from pipeline.model.analysis import WindowAnalysis
-    from pipeline.model.noop import NOOP_FLAG, NOOP_MODEL_ID, NoopModelHandler
+    from pipeline.model.types import WindowAnalysis
+    from pipeline.model.backends.noop.handler import NOOP_FLAG, NOOP_MODEL_ID, NoopModelHandler
     from pipeline.options import beam_options, chatlens_options_class
     from pipeline.graph import build
     from pipeline.streaming import add_arguments

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from chatlens.config import Settings
-from pipeline.model.analysis import REPLY_FOR
-from pipeline.model.tasks import Task
+from pipeline.model.types import REPLY_FOR
+from pipeline.model.types import Task
 
 DEFAULT_BACKEND = "gemma"
 """What `--model-stage` runs unless told otherwise."""
@@ -64,9 +64,8 @@ SHARED_OPTIONS: tuple[Option, ...] = (
 """The model rows every backend reads (model, batching, reply policy)."""
 
 
-def default_of(rows: tuple[Option, ...], dest: str) -> Any:
-    """The default of the row `dest` in `rows` (KeyError if there is none)."""
-    return next(row.default for row in rows if row.dest == dest)
+SHARED_DEFAULTS: dict[str, Any] = {row.dest: row.default for row in SHARED_OPTIONS}
+"""The shared rows' defaults by dest: what the handlers' keyword defaults read."""
 
 
 class Backend:

@@ -25,7 +25,7 @@ from apache_beam.ml.inference.base import KeyedModelHandler, KeyModelMapping
 from chatlens.contracts import ChatWindow
 from pipeline.model.backends import BACKENDS, DEFAULT_BACKEND, Backend, backend, default
 from pipeline.model.backends.base import DEFAULT_MODEL
-from pipeline.model.tasks import Task
+from pipeline.model.types import Task
 
 DEFAULT_ROUTE = "*"
 """The route of every chat whose tenant has no model of its own."""
@@ -69,7 +69,7 @@ class ModelBackend:
     max_models_per_worker: int | None = None
     watch_pattern: str | None = None
     watch_interval_secs: int = default("model_watch_interval_secs")
-    watch_in_handler: bool = False  # local runners: the handler watches (pipeline/model/watch.py)
+    watch_in_handler: bool = False  # local runners: the handler watches (pipeline/model/backends/gemma/watch.py)
     options: dict[str, Any] = field(default_factory=dict, hash=False)
     """The chosen backend's own options by dest, e.g. {"remote_url": ..., "remote_model": ...}."""
 

@@ -18,10 +18,10 @@ from apache_beam.ml.inference.base import KeyedModelHandler
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from chatlens.contracts import parse_window
-from pipeline.model.handler import GemmaModelHandler
-from pipeline.model.remote import OpenAIChatModelHandler
+from pipeline.model.backends.gemma.handler import GemmaModelHandler
+from pipeline.model.backends.remote.handler import OpenAIChatModelHandler
 from pipeline.model.backends.keyed import DEFAULT_ROUTE, ModelBackend, TenantModelHandler, parse_tenant_models
-from pipeline.model.watch import PresetWatch, preset_of
+from pipeline.model.backends.gemma.watch import PresetWatch, preset_of
 from pipeline.options import PipelineConfig
 from tests.support.pipeline import run_inference_nodes, window_json
 
@@ -223,7 +223,7 @@ class EchoBackend(Backend):
         return EchoHandler(settings.options["echo_greeting"] * settings.options["echo_times"])
 
 
-BACKENDS["echo"] = EchoBackend()  # what discovery does for a module in backends/ (the checkout stays untouched); pipeline.options is imported after it
+BACKENDS["echo"] = EchoBackend()  # what its line in the registry does (the checkout stays untouched); pipeline.options is imported after it
 
 from pipeline.options import PipelineConfig, beam_options, chatlens_options_class
 from pipeline.streaming import add_arguments
@@ -273,13 +273,15 @@ def test_a_new_backends_option_reaches_the_config_beam_and_its_handler(tmp_path)
     assert seen["problem"] == "--echo-times must be at least 1"
 
 
-def test_the_registry_finds_every_backend_module_in_its_listed_order():
-    """A backend is registered by being a module of pipeline/model/backends/ with a BACKEND."""
+def test_the_registry_lists_every_backend_package_in_its_listed_order():
+    """Every package of pipeline/model/backends/ is a backend (its BACKEND, its handler.py) and is
+    listed in the explicit registry, BACKENDS."""
     from pathlib import Path
 
     import pipeline.model.backends as package
     from pipeline.model.backends import BACKENDS
 
-    modules = {p.stem for p in Path(package.__file__).parent.glob("*.py")} - {"__init__", "base", "keyed"}
-    assert {type(b).__module__.rsplit(".", 1)[1] for b in BACKENDS.values()} == modules
+    packages = {p.parent.name for p in Path(package.__file__).parent.glob("*/__init__.py")}
+    assert {type(b).__module__.rsplit(".", 1)[1] for b in BACKENDS.values()} == packages
+    assert all((Path(package.__file__).parent / name / "handler.py").is_file() for name in packages)
     assert list(BACKENDS) == ["gemma", "remote", "noop"]  # --model-stage's help and the reference keep this order

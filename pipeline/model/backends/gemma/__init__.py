@@ -8,9 +8,8 @@ watch (`--model-watch`): both load Gemma presets.
 from __future__ import annotations
 
 from pipeline.model.backends.base import Backend, Option
-from pipeline.model.tasks import Task
-
-WATCH_INTERVAL_SECS = 60
+from pipeline.model.backends.gemma.watch import WATCH_INTERVAL_SECS
+from pipeline.model.types import Task
 
 OPTIONS: tuple[Option, ...] = (
     Option("--tenant-models", "per-tenant models: 'TENANT=MODEL[,TENANT=MODEL...]' (a chat's tenant field "
@@ -38,7 +37,7 @@ class GemmaBackend(Backend):
     model_watch = True
 
     def handler(self, settings, model, adapter=None, task=Task.ANALYZE):
-        from pipeline.model.handler import GemmaModelHandler
+        from pipeline.model.backends.gemma.handler import GemmaModelHandler
 
         kwargs = settings.engine_kwargs(model, adapter)
         if settings.watch_pattern and settings.watch_in_handler:

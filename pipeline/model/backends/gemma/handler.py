@@ -27,30 +27,15 @@ from typing import Any
 from apache_beam.ml.inference.base import ModelHandler, PredictionResult
 from apache_beam.utils import shared
 
-from pipeline.model.analysis import REPLY_FOR, chat_of, text_bytes
-from pipeline.model.backends import default
-from pipeline.model.backends.base import DEFAULT_MODEL
-from pipeline.model.tasks import Task
-from pipeline.model.watch import PresetWatch, preset_of
+from pipeline.model.backends.base import DEFAULT_MODEL, SHARED_DEFAULTS
+from pipeline.model.backends.gemma.watch import WATCH_INTERVAL_SECS, PresetWatch, preset_of
+from pipeline.model.environment import DEFAULT_ENV
+from pipeline.model.types import REPLY_FOR, Task, chat_of, text_bytes
 
 log = logging.getLogger(__name__)
 
 TASKS = (Task.ANALYZE, Task.SENTIMENT)
 """What GemmaModelHandler runs (the gemma and noop backends)."""
-
-DEFAULT_ENV = {
-    "KERAS_BACKEND": "jax",
-    # JAX on GPU would otherwise take 75% of the device memory at start-up.
-    "XLA_PYTHON_CLIENT_PREALLOCATE": "false",
-    "TF_CPP_MIN_LOG_LEVEL": "2",
-}
-
-
-def use_default_env() -> None:
-    """Set DEFAULT_ENV in this process (where unset), before keras or JAX is imported."""
-    for name, value in DEFAULT_ENV.items():
-        os.environ.setdefault(name, value)
-
 
 _ENGINES = shared.Shared()
 """Engines loaded in this process, by model spec: what `large_model=False` stages share."""
@@ -67,7 +52,7 @@ class GemmaModelHandler(ModelHandler[Any, Any, Any]):
     Examples are ChatWindows, or records holding one as `chat` (the pipeline's TaggedWindow,
     see `chat_of`): the rest rides along in the PredictionResult's example. Each batch is
     one call into the engine, which batches on the model itself.
-    With `watch_pattern` (local runners; see pipeline/model/watch.py) the handler switches
+    With `watch_pattern` (local runners; see pipeline/model/backends/gemma/watch.py) the handler switches
     to the newest preset matching the pattern, checked every `watch_interval_secs`.
     """
 
@@ -76,19 +61,19 @@ class GemmaModelHandler(ModelHandler[Any, Any, Any]):
         model: str = DEFAULT_MODEL,
         *,
         task: Task | str = Task.ANALYZE,
-        reply_for: str = default("reply_for"),
+        reply_for: str = SHARED_DEFAULTS["reply_for"],
         adapter: str | Path | None = None,
         cache_dir: str | Path | None = None,
         prompt_variant: str | None = None,
         engine_config: Any = None,
-        min_batch_size: int = default("min_batch_size"),
-        max_batch_size: int = default("max_batch_size"),
+        min_batch_size: int = SHARED_DEFAULTS["min_batch_size"],
+        max_batch_size: int = SHARED_DEFAULTS["max_batch_size"],
         max_batch_duration_secs: int | None = None,
         large_model: bool = True,
         model_copies: int | None = None,
         env_vars: dict[str, str] | None = None,
         watch_pattern: str | None = None,
-        watch_interval_secs: float = default("model_watch_interval_secs"),
+        watch_interval_secs: float = WATCH_INTERVAL_SECS,
     ):
         if task not in TASKS:
             raise ValueError(f"task must be one of {', '.join(TASKS)}, not {task!r}")
@@ -129,12 +114,12 @@ class GemmaModelHandler(ModelHandler[Any, Any, Any]):
         return _ENGINES.acquire(lambda: self._load_engine(spec), tag=tag)
 
     def _load_engine(self, spec: str):
-        self.set_environment_vars()
-        from pipeline.model.engine import GemmaEngine  # imports JAX: only in the loading process
+        self.set_environment_vars()  # DEFAULT_ENV (pipeline/model/environment.py) before JAX is imported
+        from pipeline.model.backends.gemma.engine import load_engine  # imports JAX: only in the loading process
 
         log.info("loading %s for RunInference (pid %d)", spec, os.getpid())
-        return GemmaEngine.load(spec, cache_dir=self._cache_dir, prompt_variant=self._prompt_variant,
-                                config=self._engine_config, adapter=self._adapter)
+        return load_engine(spec, cache_dir=self._cache_dir, prompt_variant=self._prompt_variant,
+                           config=self._engine_config, adapter=self._adapter)
 
     def _current(self, model: Any) -> Any:
         """The engine to use: `model`, unless the preset watch found a newer preset."""
