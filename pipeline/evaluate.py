@@ -213,7 +213,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def load_data(args: argparse.Namespace) -> tuple[str, list[Example]]:
     if args.from_dashboard:
-        from app.feedback import export_examples
+        from pipeline.feedback import export_examples
 
         return "dashboard", export_examples(args.from_dashboard)
     path = args.data or split_path(args.split)

@@ -96,7 +96,7 @@ def training_examples(args: argparse.Namespace) -> tuple[list[Example], dict]:
         examples = second if args.second_replies == "only" else examples + second
     usable = []
     if args.from_dashboard:
-        from app.feedback import export_examples
+        from pipeline.feedback import export_examples
 
         taught = export_examples(args.from_dashboard)
         usable = [e for e in taught if e.label is not None or e.reply]
