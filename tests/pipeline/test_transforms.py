@@ -381,10 +381,11 @@ def test_graph_has_one_model_stage_with_the_shared_model_and_resource_hints():
 @pytest.fixture(scope="module")
 def real_handler(gemma_source, model_cache):
     """The model stage of the real Gemma 3 270M, converted once (one engine in this process)."""
+    from pipeline.model.backends.base import ModelOptions
     from pipeline.model.backends.keyed import ModelBackend
 
-    return ModelBackend(model="gemma3-270m", cache_dir=str(model_cache), max_batch_size=8, max_batch_duration_secs=2,
-                      large_model=False)
+    options = ModelOptions(model="gemma3-270m", model_cache=str(model_cache), max_batch_size=8, max_batch_duration_secs=2)
+    return ModelBackend(model_options=options, large_model=False)
 
 
 @pytest.mark.slow

@@ -218,7 +218,7 @@ class EchoBackend(Backend):
     options = (Option("--echo-greeting", "what it answers (default hello)", "hello"),
                Option("--echo-times", "how often it says it (default 1)", 1, int, minimum=1))
 
-    def handler(self, settings, model, adapter=None, task="analyze"):
+    def handler(self, settings, options, task="analyze"):
         self._task(task)
         return EchoHandler(settings.options["echo_greeting"] * settings.options["echo_times"])
 
@@ -285,3 +285,42 @@ def test_the_registry_lists_every_backend_package_in_its_listed_order():
     assert {type(b).__module__.rsplit(".", 1)[1] for b in BACKENDS.values()} == packages
     assert all((Path(package.__file__).parent / name / "handler.py").is_file() for name in packages)
     assert list(BACKENDS) == ["gemma", "remote", "noop"]  # --model-stage's help and the reference keep this order
+
+
+def test_model_options_are_the_shared_rows_typed_and_checked_once():
+    """ModelOptions has one field per shared row (name, default), is built once from the parsed
+    command line, and refuses what the rows refuse: the model fields are written once, in the rows."""
+    import argparse
+    import dataclasses
+
+    from pipeline.model.backends.base import DEFAULT_MODEL, SHARED_OPTIONS, ModelOptions
+    from pipeline.options import PipelineConfig, add_pipeline_arguments
+
+    fields = {f.name: f.default for f in dataclasses.fields(ModelOptions)}
+    assert list(fields) == [row.dest for row in SHARED_OPTIONS]
+    assert fields == {row.dest: DEFAULT_MODEL if row.dest == "model" else row.default for row in SHARED_OPTIONS}
+    parser = argparse.ArgumentParser()
+    add_pipeline_arguments(parser)
+    args = parser.parse_args(["--max-batch-size", "4", "--reply-for", "all"])
+    options = ModelOptions.from_values(args)
+    assert options == ModelOptions(max_batch_size=4, reply_for="all")
+    assert PipelineConfig(project="chatlens-local", max_batch_size=4, reply_for="all").model_options() == options
+    for wrong, message in (({"reply_for": "some"}, "--reply-for must be one of"),
+                           ({"max_batch_size": 0}, "batch sizes"), ({"model_copies": 0}, "--model-copies")):
+        with pytest.raises(ValueError, match=message):
+            ModelOptions(**wrong)
+    handler = GemmaModelHandler(options, large_model=False)
+    assert handler._options is options and handler.batch_elements_kwargs()["max_batch_size"] == 4
+
+
+def test_help_texts_say_each_default_from_the_row():
+    """A row's help ends with its default, added from `default` (never written in the text again);
+    or, where the default needs words (--model-sharing's 'auto', --model-stage's from the registry),
+    says them once."""
+    from pipeline.model.backends import own_options
+    from pipeline.options import OPTIONS
+
+    for row in (*OPTIONS, *own_options()):
+        assert row.help.count("(default") <= 1, row.flag
+        if row.default is not None and not row.help.endswith(f"(default {row.default})"):
+            assert row.flag in ("--model-sharing", "--model-stage"), row.flag

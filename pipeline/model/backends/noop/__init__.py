@@ -18,10 +18,10 @@ class NoopBackend(Backend):
             "own overhead; never for real traffic")
     tasks = (Task.ANALYZE, Task.SENTIMENT)
 
-    def handler(self, settings, model, adapter=None, task=Task.ANALYZE):
+    def handler(self, settings, options, task=Task.ANALYZE):
         from pipeline.model.backends.noop.handler import NoopModelHandler
 
-        return NoopModelHandler(task=self._task(task), **settings.engine_kwargs(model, adapter))
+        return NoopModelHandler(options, task=self._task(task), large_model=settings.large_model)
 
 
 BACKEND = NoopBackend()

@@ -29,12 +29,13 @@ class RemoteBackend(Backend):
         if not (settings.options.get("remote_url") and settings.options.get("remote_model")):
             raise ValueError("--model-stage remote needs --remote-url and --remote-model")
 
-    def handler(self, settings, model, adapter=None, task=Task.ANALYZE):
+    def handler(self, settings, options, task=Task.ANALYZE):
         from pipeline.model.backends.remote.handler import OpenAIChatModelHandler
 
         self._task(task)
         return OpenAIChatModelHandler(settings.options["remote_url"], settings.options["remote_model"],
-                                      reply_for=settings.reply_for, **settings.batching())
+                                      reply_for=options.reply_for, min_batch_size=options.min_batch_size,
+                                      max_batch_size=options.max_batch_size)
 
 
 BACKEND = RemoteBackend()
