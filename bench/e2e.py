@@ -22,7 +22,7 @@ For each model stage (`--model-stage gemma`, then `--model-stage noop`):
    every chat is answered within the drain timeout.
 
 The noop stage is the same pipeline with the model call replaced by the cheapest one
-possible (pipeline/model/noop.py: same RunInference batching and shared-model proxy,
+possible (pipeline/model/backends/noop/handler.py: same RunInference batching and shared-model proxy,
 a fixed neutral analysis back at once), so noop latency is the pipeline's own overhead
 and gemma - noop is the model. Prints a table, the overhead, then one line of JSON.
 

@@ -32,9 +32,11 @@ import tempfile
 import time
 from pathlib import Path
 
-os.environ.setdefault("KERAS_BACKEND", "jax")
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from pipeline.model.environment import use_default_env  # noqa: E402
+
+use_default_env()
 
 PUBLIC_PROMPT = (
     "Provide the results of doing these two tasks on the chat history provided below for the user {user}\n"
@@ -74,8 +76,8 @@ def progress(done: int) -> None:
 
 
 def run_public(chats, model: str, cache: str | None) -> dict:
-    from pipeline.model.generation import LENGTH_BUCKETS, bucket
-    from pipeline.model.sources import load_causal_lm
+    from pipeline.model.decoding.buckets import LENGTH_BUCKETS, bucket
+    from pipeline.model.loading.sources import load_causal_lm
     from pipeline.prompts import transcript_lines
 
     lm, source = load_causal_lm(model, cache_dir=cache)
@@ -111,7 +113,7 @@ def run_public(chats, model: str, cache: str | None) -> dict:
 
 
 def run_chatlens(chats, model: str, cache: str | None, batch_size: int) -> dict:
-    from pipeline.model.handler import GemmaModelHandler
+    from pipeline.model.backends.gemma.handler import GemmaModelHandler
 
     handler = GemmaModelHandler(model, cache_dir=cache, large_model=False, reply_for="negative")
     engine = handler.load_model()

@@ -14,15 +14,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-os.environ.setdefault("KERAS_BACKEND", "jax")
-os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+from pipeline.model.environment import use_default_env  # noqa: E402
+
+use_default_env()
 
 
 def export(args: argparse.Namespace) -> None:
@@ -30,8 +30,8 @@ def export(args: argparse.Namespace) -> None:
 
     from chatlens.config import get_settings
     from pipeline.corpus import load_split
-    from pipeline.model.chat_format import Vocabulary, training_sequence
-    from pipeline.model.sources import load_causal_lm
+    from pipeline.model.training.format import Vocabulary, training_sequence
+    from pipeline.model.loading.sources import load_causal_lm
 
     lm, _ = load_causal_lm("gemma3-270m-base", cache_dir=get_settings().cache)
     tokenizer = lm.preprocessor.tokenizer
@@ -53,7 +53,7 @@ def export(args: argparse.Namespace) -> None:
 def _sequences(data, split):
     import numpy as np
 
-    from pipeline.model.chat_format import TrainingSequence
+    from pipeline.model.training.format import TrainingSequence
 
     ends = np.cumsum(data[f"{split}_lengths"])
     starts = ends - data[f"{split}_lengths"]
@@ -67,8 +67,8 @@ def sweep(args: argparse.Namespace) -> None:
     import jax.numpy as jnp
     import numpy as np
 
-    from pipeline.model.gguf_convert import backbone_from_gguf
-    from pipeline.model.tuning import LoraTrainer, epoch_batches, steps_per_epoch
+    from pipeline.model.loading.gguf_convert import backbone_from_gguf
+    from pipeline.model.training.trainer import LoraTrainer, epoch_batches, steps_per_epoch
     from pipeline.scoring import sentiment_scores
 
     data = dict(np.load(args.sequences))
@@ -125,7 +125,7 @@ def sweep(args: argparse.Namespace) -> None:
 
 
 def main() -> None:
-    from pipeline.model.sources import DEFAULT_LORA_TARGETS
+    from pipeline.model.training import DEFAULT_LORA_TARGETS
     from pipeline.tune import layer_names
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

@@ -163,7 +163,7 @@ def run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, _interrupt)
     try:
         print("preparing the embedded Gemma (converted once, then cached)…", flush=True)
-        from pipeline.model.sources import resolve_model
+        from pipeline.model.loading.sources import resolve_model
 
         source = resolve_model(get_settings().model)
         print(f"model ready: {source.model_id} at {source.preset}")

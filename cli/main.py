@@ -14,6 +14,7 @@ import logging
 import sys
 
 from chatlens.quiet import install_log_filters
+from pipeline.model.environment import use_default_env
 
 # Subcommand name -> module. Add a line here to add a command.
 COMMANDS: dict[str, str] = {
@@ -52,6 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    use_default_env()  # KERAS_BACKEND and XLA settings, before any command imports keras or JAX
     args = build_parser().parse_args(argv)
     level = [logging.WARNING, logging.INFO, logging.DEBUG][min(args.verbose, 2)]
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -1,7 +1,7 @@
 """Bake the model into the worker image at build time (deploy/worker.Dockerfile runs this).
 
 Without --preset: converts the GGUF bundled with the project (spec 'gemma3-270m', with
-ChatLens's adapter merged in where one is committed) into a keras-hub preset under --cache, exactly where `pipeline.model.sources` looks for it, and
+ChatLens's adapter merged in where one is committed) into a keras-hub preset under --cache, exactly where `pipeline.model.loading.sources` looks for it, and
 links --link to it. With --preset DIR: checks that DIR is a keras-hub preset directory
 (config.json; optional chatlens.json with model_id and instruction_tuned) and links --link
 to it. Either way it then resolves --link the way a worker does and fails the build if that
@@ -13,7 +13,6 @@ would download or convert anything, so workers start with nothing to fetch or co
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import sys
 from pathlib import Path
@@ -25,8 +24,10 @@ if str(REPO) not in sys.path:  # run as a script from a checkout or from the ima
 
 def bake(cache: Path, link: Path, preset: Path | None = None, prune: bool = False) -> dict[str, str]:
     """Bake the model; returns what a worker will resolve --link to (spec, preset, model_id)."""
-    os.environ.setdefault("KERAS_BACKEND", "jax")
-    from pipeline.model.sources import GGUF_SPEC, resolve_model
+    from pipeline.model.environment import use_default_env
+
+    use_default_env()
+    from pipeline.model.loading.sources import GGUF_SPEC, resolve_model
 
     if preset is not None:
         source = resolve_model(str(preset))  # raises ModelSpecError without config.json

@@ -10,6 +10,7 @@ analysed once. A progress bar shows on stderr and a summary line ends the run.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import tempfile
@@ -18,9 +19,13 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from pipeline.model.analysis import REPLY_FOR
-from pipeline.model.backends.base import DEFAULT_MODEL
-from pipeline.options import DEFAULTS, PipelineConfig
+from pipeline.model.backends.base import SHARED_OPTIONS, ModelOptions
+from pipeline.options import PipelineConfig, add_option_rows
+
+MODEL_ROWS = tuple(row for row in SHARED_OPTIONS
+                   if row.dest in ("model", "adapter", "model_cache", "prompt_variant", "max_batch_size", "reply_for"))
+"""The pipeline's model options that `chatlens analyze` takes (its batches form within a file, in
+one process: no batch deadline, no model copies)."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -28,14 +33,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-o", "--output", type=Path, metavar="OUT.jsonl",
                         help="where the ChatInsights go (default: IN.insights.jsonl); dead letters go to "
                              "OUT.deadletter.jsonl")
-    parser.add_argument("--model", help=f"model spec (default: CHATLENS_MODEL, else {DEFAULT_MODEL}, the tuned one)")
-    parser.add_argument("--adapter", metavar="FILE", help="a LoRA adapter (.lora.h5) tuned for --model")
-    parser.add_argument("--model-cache", metavar="DIR", help="where converted models are cached (default: CHATLENS_CACHE)")
-    parser.add_argument("--prompt-variant", help="prompt set: 'completion' or 'chat' (default: follows the model)")
-    parser.add_argument("--max-batch-size", type=int, default=DEFAULTS["max_batch_size"],
-                        help="largest model batch (default %(default)s)")
-    parser.add_argument("--reply-for", choices=REPLY_FOR, default=DEFAULTS["reply_for"],
-                        help="which chats get a reply draft (default %(default)s)")
+    add_option_rows(parser.add_argument_group("model options (as `chatlens pipeline`'s)"), MODEL_ROWS)
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
@@ -55,12 +53,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"chatlens analyze: {args.input}: no such file", file=sys.stderr)
         return 2
     out, dead_out = output_paths(args.input, args.output)
-    config = PipelineConfig(
-        project=settings.project, mode="windows", model=args.model or settings.model, adapter=args.adapter,
-        model_cache=args.model_cache or str(settings.cache), prompt_variant=args.prompt_variant,
-        max_batch_size=args.max_batch_size, max_batch_duration_secs=0, reply_for=args.reply_for,
-        model_sharing="process",
-    )
+    model = ModelOptions.from_values(args, model=args.model or settings.model,
+                                     model_cache=args.model_cache or str(settings.cache), max_batch_duration_secs=0)
+    config = PipelineConfig(project=settings.project, mode="windows", model_sharing="process",
+                            **{f.name: getattr(model, f.name) for f in dataclasses.fields(model)})
     started = time.monotonic()
     summary = analyze_file(args.input, out, dead_out, config, progress=not args.no_progress)
     elapsed = time.monotonic() - started

@@ -3,7 +3,7 @@
 Each line of `data/{train,dev,test}.jsonl` is a `ChatWindow` plus the gold answers (`label`,
 `summary`, `reply`) and what the counts in `data/README.md` are made of (`scenario`,
 `domain`, `hard_cases`). The same record type carries what staff taught the dashboard
-(`app.feedback.export_examples`), where any gold answer may be missing.
+(`pipeline.feedback.export_examples`), where any gold answer may be missing.
 
 `python -m pipeline.corpus --write` regenerates the counts section of `data/README.md`;
 a test fails when it drifts.

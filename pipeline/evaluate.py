@@ -25,7 +25,7 @@ from pathlib import Path
 from chatlens.contracts import SENTIMENT_LABELS, ChatWindow
 from pipeline import review_checks, scoring
 from pipeline.corpus import MAX_GOLD_SUMMARY_CHARS, SPLITS, Example, load_examples, split_path
-from pipeline.model.sources import adapter_name
+from pipeline.model.training.adapters import adapter_name
 
 
 @dataclass(frozen=True)
@@ -98,7 +98,7 @@ def gemma_system(model: str, variant: str | None, batch_size: int, cache: Path |
                  adapter: Path | None = None) -> tuple[System, dict]:
     """A system running the pipeline's engine for `model` (+ `adapter`): one pass per chat for a
     model tuned by ChatLens, prompted per output for others."""
-    from pipeline.model.handler import GemmaModelHandler
+    from pipeline.model.backends.gemma.handler import GemmaModelHandler
 
     engine = GemmaModelHandler(model, adapter=adapter, prompt_variant=variant, large_model=False,
                                cache_dir=cache).load_model()
@@ -246,7 +246,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def load_data(args: argparse.Namespace) -> tuple[str, list[Example]]:
     if args.from_dashboard:
-        from app.feedback import export_examples
+        from pipeline.feedback import export_examples
 
         return "dashboard", export_examples(args.from_dashboard)
     path = args.data or split_path(args.split)

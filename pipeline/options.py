@@ -21,7 +21,7 @@ from typing import Any
 
 from chatlens.config import LAYOUT
 from pipeline.model.backends import BACKENDS, SHARED_OPTIONS, backend_options, own_options
-from pipeline.model.backends.base import DEFAULT_MODEL, Option
+from pipeline.model.backends.base import ModelOptions, Option
 
 LOCAL_RUNNERS = ("BundleBasedDirectRunner", "DirectRunner", "SwitchingDirectRunner")
 DEFAULT_RUNNER = "BundleBasedDirectRunner"
@@ -35,16 +35,16 @@ _MODEL_BEFORE_STAGE = 3  # --model, --adapter, --model-cache come before --model
 
 OPTIONS: tuple[Option, ...] = (
     Option("--runner", "Beam runner; DataflowRunner, FlinkRunner, ... take their own Beam options, passed "
-           f"through as they are (default {DEFAULT_RUNNER})", DEFAULT_RUNNER),
+           "through as they are", DEFAULT_RUNNER),
     Option("--project", "Google Cloud project id, at least 6 characters (default: CHATLENS_PROJECT, "
            "else chatlens-local)"),
     Option("--mode", "input: 'windows' (each message is a ChatWindow) or 'messages' (each message is a "
-           "ChatMessage, sessionised per chat) (default windows)", "windows", choices=("windows", "messages")),
+           "ChatMessage, sessionised per chat)", "windows", choices=("windows", "messages")),
     Option("--subscription", "input subscription id or path (default: "
            f"{LAYOUT.windows_subscription} in windows mode, {LAYOUT.messages_subscription} in messages mode)"),
-    Option("--results-topic", f"topic id or path for ChatInsights (default {LAYOUT.insights_topic})",
+    Option("--results-topic", "topic id or path for ChatInsights",
            LAYOUT.insights_topic),
-    Option("--deadletter-topic", f"topic id or path for DeadLetters (default {LAYOUT.deadletter_topic})",
+    Option("--deadletter-topic", "topic id or path for DeadLetters",
            LAYOUT.deadletter_topic),
     Option("--timestamp-attribute", "message attribute holding the event time (RFC 3339 or epoch millis); "
            "default: the Pub/Sub publish time", metavar="NAME"),
@@ -55,38 +55,43 @@ OPTIONS: tuple[Option, ...] = (
            "stages), 'auto' (default: process on local runners, which run in one process; machine elsewhere)",
            "auto", choices=MODEL_SHARING),
     *SHARED_OPTIONS[_MODEL_BEFORE_STAGE:],
-    Option("--session-gap-secs", "messages mode: a chat's session ends after this much silence (default 600)",
+    Option("--session-gap-secs", "messages mode: a chat's session ends after this much silence",
            600, int, minimum=1),
-    Option("--early-fire-count", "messages mode: analyse a growing chat again after this many new messages "
-           "(default 4)", 4, int, minimum=1),
-    Option("--early-fire-secs", "messages mode: ... or this many seconds after a new message (default 30)",
+    Option("--early-fire-count", "messages mode: analyse a growing chat again after this many new messages",
+           4, int, minimum=1),
+    Option("--early-fire-secs", "messages mode: ... or this many seconds after a new message",
            30, int, minimum=1),
     Option("--allowed-lateness-secs", "messages mode: how late a message may arrive and still update its "
-           "session; older ones are dead-lettered (default 86400)", 86_400, int, minimum=0),
+           "session; older ones are dead-lettered", 86_400, int, minimum=0),
     Option("--dedup-ttl-secs", "forget a (chat_id, window_id) this long after first seeing it; redeliveries "
-           "within it are dropped (default 3600)", 3_600, int, minimum=1),
+           "within it are dropped", 3_600, int, minimum=1),
     Option("--accelerator", "resource hint for the model stage, e.g. "
            "'type:nvidia-l4;count:1;install-nvidia-driver' (default none)"),
     Option("--min-ram", "resource hint for the model stage, e.g. '16GB' (default none)"),
-    Option("--max-outstanding", "local runners: most input messages held unacknowledged at once (default 200)",
+    Option("--max-outstanding", "local runners: most input messages held unacknowledged at once",
            200, int, minimum=1),
     Option("--lease-secs", "local runners: ack deadline (10-600 s) of an input message read but not yet "
-           "settled, renewed every quarter of it; what a killed pipeline held comes back this long after "
-           "(default 60)", 60, int),
+           "settled, renewed every quarter of it; what a killed pipeline held comes back this long after",
+           60, int),
 )
 
 DEFAULTS: dict[str, Any] = {option.dest: option.default for option in OPTIONS}
 """Every option's default, from its row: what PipelineConfig, batch.py and the handlers use."""
 
 
-def add_pipeline_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add every ChatLens pipeline option to an argparse parser (the CLI)."""
-    group = parser.add_argument_group("pipeline options")
-    for option in OPTIONS:
-        group.add_argument(
+def add_option_rows(parser, rows: tuple[Option, ...] = OPTIONS) -> None:
+    """Add option rows to an argparse parser (or group): `chatlens pipeline` adds them all,
+    `chatlens analyze` the model rows it reads."""
+    for option in rows:
+        parser.add_argument(
             option.flag, dest=option.dest, default=option.default, type=option.type, choices=option.choices,
             metavar=option.metavar, help=option.help,
         )
+
+
+def add_pipeline_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add every ChatLens pipeline option to an argparse parser (the CLI)."""
+    add_option_rows(parser.add_argument_group("pipeline options"))
 
 
 def _register(parser) -> None:
@@ -119,31 +124,35 @@ def chatlens_options_class():
 _OPTIONS_CLASS = None
 
 
-def _with_backend_options(cls):
-    """Give `cls` (before @dataclass) a field for each backend's own option, defaulting to its row.
+def _with_model_options(cls):
+    """Give `cls` (before @dataclass) a field for each model option: the shared rows (as
+    ModelOptions defaults them) and each backend's own rows, each defaulting to its row.
 
-    So an option a backend declares reaches the config, Beam's options (`beam_options`) and
-    the backend itself (`model_backend`) with nothing here naming it: adding a backend is
-    its module in pipeline/model/backends/ and its tests.
+    So a model option reaches the config, Beam's options (`beam_options`) and the backend
+    (`model_backend`) with nothing here naming it: the model fields are written once, in their
+    rows; adding a backend is its package in pipeline/model/backends/ and its tests.
     """
     annotations = dict(inspect.get_annotations(cls))
-    for row in own_options():
+    shared = {f.name: f for f in fields(ModelOptions)}
+    for row in (*SHARED_OPTIONS, *own_options()):
         if row.dest in annotations:
-            raise TypeError(f"backend option {row.flag} clashes with the PipelineConfig field {row.dest!r}")
+            raise TypeError(f"model option {row.flag} clashes with the PipelineConfig field {row.dest!r}")
+        default = shared[row.dest].default if row.dest in shared else row.default
         kind = getattr(row.type, "__name__", "Any")
-        annotations[row.dest] = kind if row.default is not None else f"{kind} | None"
-        setattr(cls, row.dest, row.default)
+        annotations[row.dest] = kind if default is not None else f"{kind} | None"
+        setattr(cls, row.dest, default)
     cls.__annotations__ = annotations
     return cls
 
 
 @dataclass(frozen=True)
-@_with_backend_options
+@_with_model_options
 class PipelineConfig:
     """The resolved options of one pipeline run (defaults filled in from Settings and LAYOUT).
 
-    The fields below are the options the pipeline itself reads; each backend's own options
-    (remote's endpoint, gemma's per-tenant models, ...) are added as fields from their rows.
+    The fields below are the options the pipeline itself reads; the model options (the shared
+    rows: `model_options()`, and each backend's own: remote's endpoint, gemma's per-tenant
+    models, ...) are added as fields from their rows.
     """
 
     project: str
@@ -153,16 +162,7 @@ class PipelineConfig:
     results_topic: str = DEFAULTS["results_topic"]
     deadletter_topic: str = DEFAULTS["deadletter_topic"]
     timestamp_attribute: str | None = None
-    model: str = DEFAULT_MODEL
-    adapter: str | None = None
-    model_cache: str | None = None
     model_stage: str = DEFAULTS["model_stage"]
-    prompt_variant: str | None = None
-    min_batch_size: int = DEFAULTS["min_batch_size"]
-    max_batch_size: int = DEFAULTS["max_batch_size"]
-    max_batch_duration_secs: int = DEFAULTS["max_batch_duration_secs"]
-    model_copies: int = DEFAULTS["model_copies"]
-    reply_for: str = DEFAULTS["reply_for"]
     session_gap_secs: int = DEFAULTS["session_gap_secs"]
     early_fire_count: int = DEFAULTS["early_fire_count"]
     early_fire_secs: int = DEFAULTS["early_fire_secs"]
@@ -179,18 +179,17 @@ class PipelineConfig:
         problems = []
         if len(self.project) < 6:
             problems.append(f"--project {self.project!r}: Beam needs a project id of at least 6 characters")
-        if self.min_batch_size < 1 or self.max_batch_size < self.min_batch_size:
-            problems.append("batch sizes: need 1 <= --min-batch-size <= --max-batch-size")
-        problems += [problem for row in OPTIONS if (problem := row.problem(getattr(self, row.dest)))]
+        problems += [problem for row in OPTIONS if row not in SHARED_OPTIONS  # ModelOptions checks those
+                     if (problem := row.problem(getattr(self, row.dest)))]
         if not 10 <= self.lease_secs <= 600:
             problems.append("--lease-secs must be between 10 and 600 (Pub/Sub's ack deadlines)")
         if self.model_sharing not in MODEL_SHARING:
             problems.append(f"--model-sharing must be one of {', '.join(MODEL_SHARING)}, not {self.model_sharing!r}")
         if self.model_stage not in MODEL_STAGES:
             problems.append(f"--model-stage must be one of {', '.join(MODEL_STAGES)}, not {self.model_stage!r}")
-        elif not problems:
+        else:
             try:
-                self.model_backend()
+                self.model_backend()  # ModelOptions checks the shared rows, the backend its own
             except ValueError as error:
                 problems.append(str(error))
         if problems:
@@ -211,6 +210,10 @@ class PipelineConfig:
         if self.model_sharing == "auto":
             return not self.local
         return self.model_sharing == "machine"
+
+    def model_options(self) -> ModelOptions:
+        """The run's model options, typed, from the shared rows' fields."""
+        return ModelOptions.from_values(self)
 
     def model_backend(self):
         """The ModelBackend (pipeline/model/backends/keyed.py) these options describe.

@@ -17,7 +17,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from chatlens.contracts import ChatMessage
-from pipeline.model.tasks import PROMPT_TASKS, Task
+from pipeline.model.types import PROMPT_TASKS, Task
 from pipeline.package_data import shipped
 
 PROMPTS_DIR = Path(os.environ.get("CHATLENS_PROMPTS_DIR") or shipped("prompts"))  # package data in a wheel

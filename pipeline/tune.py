@@ -2,10 +2,10 @@
 
 Trains on `data/train.jsonl` (plus, with `--from-dashboard`, what staff taught the
 dashboard: corrected labels and approved or edited replies), one sequence per chat in the
-one-pass format of `pipeline/model/chat_format.py`, with loss on the answers only. Each
+one-pass format of `pipeline/model/training/format.py`, with loss on the answers only. Each
 epoch ends with the loss on `data/dev.jsonl`, and the adapter kept is the one of the epoch with
 the lowest dev loss (so `--epochs` is an upper bound chosen on dev). Then the label calibration
-(`pipeline/model/calibration.py`: a per-label bias for dev macro-F1, a temperature for honest
+(`pipeline/model/decoding/calibration.py`: a per-label bias for dev macro-F1, a temperature for honest
 confidence) is fitted on dev, and the run ends with the dev figures of the calibrated adapter
 (`chatlens eval`'s metrics). `--recalibrate` skips training: it refits the calibration of the
 adapter at `--out` and re-measures its dev figures. An existing adapter at `--out` is replaced only if
@@ -30,8 +30,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from pipeline.corpus import DATA_DIR, SECOND_REPLIES, Example, load_split, second_replies, split_path, with_second_replies
-from pipeline.model.sources import (DEFAULT_LORA_TARGETS, SHIPPED_ADAPTER, ModelSpecError, adapter_name,
-                                    manifest_path)
+from pipeline.model.training import DEFAULT_LORA_TARGETS
+from pipeline.model.training.adapters import SHIPPED_ADAPTER, adapter_name, manifest_path
+from pipeline.model.types import ModelSpecError
 
 log = logging.getLogger(__name__)
 
@@ -95,7 +96,7 @@ def training_examples(args: argparse.Namespace) -> tuple[list[Example], dict]:
         examples = second if args.second_replies == "only" else examples + second
     usable = []
     if args.from_dashboard:
-        from app.feedback import export_examples
+        from pipeline.feedback import export_examples
 
         taught = export_examples(args.from_dashboard)
         usable = [e for e in taught if e.label is not None or e.reply]
@@ -122,12 +123,12 @@ def fell(old: dict, new: dict) -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     from chatlens.config import get_settings
-    from pipeline.model.handler import use_default_env
+    from pipeline.model.environment import use_default_env
 
     use_default_env()  # before keras is imported: the JAX backend
-    from pipeline.model.one_pass import OnePassEngine
-    from pipeline.model.sources import load_causal_lm
-    from pipeline.model.tuning import load_adapter
+    from pipeline.model.decoding.one_pass import OnePassEngine
+    from pipeline.model.loading.sources import load_causal_lm
+    from pipeline.model.training.adapters import load_adapter
 
     try:
         name = adapter_name(args.out)
@@ -158,8 +159,8 @@ def train(args: argparse.Namespace, lm, engine, dev: list[Example]) -> dict:
     import numpy as np
     from tqdm import tqdm
 
-    from pipeline.model.chat_format import training_sequence
-    from pipeline.model.tuning import LoraTrainer, epoch_batches, steps_per_epoch
+    from pipeline.model.training.format import training_sequence
+    from pipeline.model.training.trainer import LoraTrainer, epoch_batches, steps_per_epoch
 
     vocabulary = engine.decoder.vocabulary
     train_set, training_data = training_examples(args)
@@ -276,7 +277,7 @@ def calibrate(engine, dev: list[Example]) -> dict:
     """Fit the label calibration on dev's label logits and put it in `engine`; its manifest entry."""
     from tqdm import tqdm
 
-    from pipeline.model import calibration
+    from pipeline.model.decoding import calibration
 
     logits = []
     with tqdm(total=len(dev), desc="calibrate", unit="chat", file=sys.stderr) as bar:

@@ -6,6 +6,10 @@ import os
 
 import pytest
 
+from pipeline.model.environment import use_default_env
+
+use_default_env()  # as every entry point does: before anything imports keras or JAX
+
 # The real-Gemma fixtures are session-scoped: registered once here, so every module shares one
 # converted model (a module that imported them would get its own copy: 2.3 GB and minutes each).
 pytest_plugins = ["tests.support.models"]

@@ -11,11 +11,9 @@ import logging
 import time
 
 import apache_beam as beam
-from apache_beam.io.gcp.pubsub import PubsubMessage
-from apache_beam.runners.direct.direct_runner import _DirectReadFromPubSub
-from apache_beam.runners.direct.transform_evaluator import TransformEvaluatorRegistry, _PubSubReadEvaluator
 from apache_beam.utils.timestamp import Timestamp
 
+from pipeline import compat
 from pipeline.io.leases import LEASES
 
 log = logging.getLogger(__name__)
@@ -24,40 +22,35 @@ PULL_BATCH = 10
 PULL_TIMEOUT = 5.0
 
 
-class LocalPubSubRead(_DirectReadFromPubSub):
+class LocalPubSubRead(compat.direct_pubsub_read_base()):
     """ReadFromPubSub(with_attributes=True) for local runners that acknowledges late (see Leases).
 
-    The BundleBasedDirectRunner evaluates its Pub/Sub read with `_PubSubReadEvaluator`,
-    which pulls and acknowledges at once. `_LeasingPubSubReadEvaluator` pulls the same
-    way, with the same timestamps and watermark, but leases instead; `install_local_reader`
-    registers it in the evaluator registry's override table. Beam is pinned to 2.77.x,
-    where this holds.
+    The BundleBasedDirectRunner evaluates its Pub/Sub read with Beam's own evaluator, which
+    pulls and acknowledges at once. `LeasingPubSubReadEvaluator` pulls the same way, with the
+    same timestamps and watermark, but leases instead; `install_local_reader` registers it.
+    Both sit on Beam internals, reached through `pipeline.compat` (pinned there).
     """
 
     def __init__(self, source, max_outstanding: int = 200):
         super().__init__(source)
         self.max_outstanding = max_outstanding
 
-    def _infer_output_coder(self, unused_input_type=None, unused_input_coder=None):
-        return None  # PubsubMessage objects, not bytes
 
-
-class _LeasingPubSubReadEvaluator(_PubSubReadEvaluator):
-    def _read_from_pubsub(self, timestamp_attribute):
-        transform = self._applied_ptransform.transform
-        if len(LEASES) >= transform.max_outstanding:
+class LeasingPubSubReadEvaluator(compat.direct_pubsub_evaluator_base()):
+    def read_messages(self, timestamp_attribute):
+        if len(LEASES) >= self.transform.max_outstanding:
             time.sleep(0.2)  # back-pressure: wait for outcomes to be published
             return []
-        client = self._get_subscriber_client(self._applied_ptransform)
+        client = self.subscriber_client()
         try:
-            response = client.pull(subscription=self._sub_name, max_messages=PULL_BATCH, timeout=PULL_TIMEOUT)
+            response = client.pull(subscription=self.subscription, max_messages=PULL_BATCH, timeout=PULL_TIMEOUT)
         except Exception as error:  # noqa: BLE001 - DEADLINE_EXCEEDED, UNAVAILABLE: poll again
-            log.debug("pull from %s: %s", self._sub_name, error)
+            log.debug("pull from %s: %s", self.subscription, error)
             time.sleep(0.5)
             return []
         results = []
         for received in response.received_messages:
-            message = PubsubMessage._from_message(received.message)
+            message = compat.pubsub_message(received.message)
             timestamp = None
             if timestamp_attribute and timestamp_attribute in message.attributes:
                 raw = message.attributes[timestamp_attribute]
@@ -72,7 +65,7 @@ class _LeasingPubSubReadEvaluator(_PubSubReadEvaluator):
             if timestamp is None:
                 timestamp = Timestamp.from_utc_datetime(received.message.publish_time)
             results.append((timestamp, message))
-        LEASES.hold(self._sub_name, [(r.message.message_id, r.ack_id) for r in response.received_messages])
+        LEASES.hold(self.subscription, [(r.message.message_id, r.ack_id) for r in response.received_messages])
         return results
 
 
@@ -82,7 +75,7 @@ def install_local_reader() -> None:
     Beam's evaluator registry is private and process-wide; registering from here rather
     than at import keeps every other use of Beam in the process untouched.
     """
-    TransformEvaluatorRegistry._test_evaluators_overrides[LocalPubSubRead] = _LeasingPubSubReadEvaluator
+    compat.register_direct_evaluator(LocalPubSubRead, LeasingPubSubReadEvaluator)
 
 
 def read_from_pubsub(subscription: str, *, timestamp_attribute: str | None = None, local: bool = False,
@@ -91,4 +84,4 @@ def read_from_pubsub(subscription: str, *, timestamp_attribute: str | None = Non
     (run it after `install_local_reader()`)."""
     read = beam.io.ReadFromPubSub(subscription=subscription, with_attributes=True,
                                   timestamp_attribute=timestamp_attribute)
-    return LocalPubSubRead(read._source, max_outstanding) if local else read
+    return LocalPubSubRead(compat.read_source(read), max_outstanding) if local else read

@@ -61,8 +61,9 @@ class AnalyzeWindows(beam.PTransform):
 
         routed_windows = windows | "Reshuffle" >> beam.Reshuffle() | "Route" >> beam.Map(routed)
         if backend.prebatched:
-            routed_windows = routed_windows | "Batch" >> BatchChats(backend.max_batch_size,
-                                                                     backend.max_batch_duration_secs)
+            batching = backend.model_options
+            routed_windows = routed_windows | "Batch" >> BatchChats(batching.max_batch_size,
+                                                                     batching.max_batch_duration_secs)
         results, failures = routed_windows | "Analyze" >> self._run_inference()
         built = (results | "Unpack" >> beam.Map(analysed)
                  | "BuildInsight" >> beam.ParDo(BuildInsightFn()).with_outputs(DEAD_LETTER, main="insights"))

@@ -101,7 +101,7 @@ class MessageEvent:
 
 class TaggedWindow(NamedTuple):
     """A ChatWindow with its Origin, from validation to the model; the model handlers read
-    `chat` (pipeline.model.analysis.chat_of), the origin rides through RunInference untouched."""
+    `chat` (pipeline.model.types.chat_of), the origin rides through RunInference untouched."""
 
     origin: Origin
     chat: ChatWindow
@@ -119,4 +119,4 @@ class Analysed(NamedTuple):
 
     origin: Origin
     chat: ChatWindow
-    analysis: Any  # pipeline.model.analysis.WindowAnalysis
+    analysis: Any  # pipeline.model.types.WindowAnalysis

@@ -300,7 +300,7 @@ def test_ops_endpoints_and_openapi(alice):
 
 
 def test_corrections_and_reviewed_replies_are_exported_as_examples(alice, database_url, capsys):
-    from app.feedback import export_examples
+    from pipeline.feedback import export_examples
     from cli.main import main
 
     alice.post("/api/chats/pos/sentiment", json={"corrected": "neutral"})

@@ -89,7 +89,7 @@ def test_deadline_batches_carry_every_window_exactly_once(pipelines, outputs):
     """The pipeline's own mechanics without the model's cost (`--model-stage noop`): windows go
     through the deadline batching (typed state keys, batches of at most 4) and each ends as
     exactly one insight or dead letter."""
-    from pipeline.model.noop import NOOP_MODEL_ID
+    from pipeline.model.backends.noop.handler import NOOP_MODEL_ID
 
     insights, dead = outputs
     windows, malformed = e2e_windows(), e2e_malformed()

@@ -118,8 +118,9 @@ def test_the_shipped_adapter_is_the_default_and_meets_the_bars_on_test(model_cac
     """
     import hashlib
 
-    from pipeline.model.calibration import LabelCalibration
-    from pipeline.model.sources import GGUF_SPEC, SHIPPED_ADAPTER, manifest_path, resolve_model
+    from pipeline.model.decoding.calibration import LabelCalibration
+    from pipeline.model.loading.sources import GGUF_SPEC, resolve_model
+    from pipeline.model.training.adapters import SHIPPED_ADAPTER, manifest_path
 
     manifest = json.loads(manifest_path(SHIPPED_ADAPTER).read_text())
     digest = hashlib.sha256(SHIPPED_ADAPTER.read_bytes()).hexdigest()

@@ -7,15 +7,8 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from chatlens.contracts import ChatMessage, ChatWindow
-from pipeline.model.generation import (
-    bucket,
-    clean_completion,
-    cut_at_sentence,
-    cut_at_word,
-    is_degenerate,
-    length_groups,
-    prefill_groups,
-)
+from pipeline.model.decoding.buckets import bucket, length_groups, prefill_groups
+from pipeline.model.decoding.text import clean_completion, cut_at_sentence, cut_at_word, is_degenerate
 from pipeline.prompts import OMITTED_MARKER, VARIANTS, fit_transcript, load_prompts, neutralise, transcript_lines
 
 T0 = datetime(2026, 11, 2, 9, 0, tzinfo=timezone.utc)

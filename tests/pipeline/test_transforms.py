@@ -314,7 +314,7 @@ def test_redelivered_windows_are_dropped_within_the_ttl_and_settled():
 
 # ---- insights ---------------------------------------------------------------------------
 def test_insight_carries_the_window_the_analysis_and_the_publish_time():
-    from pipeline.model.analysis import WindowAnalysis
+    from pipeline.model.types import WindowAnalysis
 
     chat = parse_window(window_json("rtl-001", RTL_CHAT, tenant="acme", language="ar", closed=True))
     published = datetime(2026, 11, 21, 8, 0, tzinfo=timezone.utc)
@@ -381,10 +381,11 @@ def test_graph_has_one_model_stage_with_the_shared_model_and_resource_hints():
 @pytest.fixture(scope="module")
 def real_handler(gemma_source, model_cache):
     """The model stage of the real Gemma 3 270M, converted once (one engine in this process)."""
+    from pipeline.model.backends.base import ModelOptions
     from pipeline.model.backends.keyed import ModelBackend
 
-    return ModelBackend(model="gemma3-270m", cache_dir=str(model_cache), max_batch_size=8, max_batch_duration_secs=2,
-                      large_model=False)
+    options = ModelOptions(model="gemma3-270m", model_cache=str(model_cache), max_batch_size=8, max_batch_duration_secs=2)
+    return ModelBackend(model_options=options, large_model=False)
 
 
 @pytest.mark.slow
@@ -490,8 +491,8 @@ def test_model_stage_noop_option_and_baseline_handler():
 
     from apache_beam.options.pipeline_options import PipelineOptions
 
-    from pipeline.model.analysis import WindowAnalysis
-    from pipeline.model.noop import NOOP_FLAG, NOOP_MODEL_ID, NoopModelHandler
+    from pipeline.model.types import WindowAnalysis
+    from pipeline.model.backends.noop.handler import NOOP_FLAG, NOOP_MODEL_ID, NoopModelHandler
     from pipeline.options import beam_options, chatlens_options_class
     from pipeline.graph import build
     from pipeline.streaming import add_arguments

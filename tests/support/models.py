@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from pipeline.model.sources import BASE_SPEC, GGUF_SPEC, ModelSource, resolve_model
+from pipeline.model.loading.sources import BASE_SPEC, GGUF_SPEC, ModelSource, resolve_model
 
 
 @lru_cache(maxsize=None)
@@ -94,8 +94,8 @@ def gguf_metadata(cache_dir: Path) -> dict[str, Any]:
     import gguf
     import numpy as np
 
-    from pipeline.model.gguf_convert import read_metadata
-    from pipeline.model.sources import bundled_gguf
+    from pipeline.model.loading.gguf_convert import read_metadata
+    from pipeline.model.loading.sources import bundled_gguf
 
     class PlainViewReader(gguf.GGUFReader):
         @property
@@ -112,8 +112,8 @@ def gguf_metadata(cache_dir: Path) -> dict[str, Any]:
 @lru_cache(maxsize=None)
 def gemma_tokenizer(cache_dir: Path) -> Any:
     """The real Gemma 3 tokenizer, rebuilt from the GGUF's metadata (no weights are read)."""
-    from pipeline.model.gguf_convert import tokenizer_proto
-    from pipeline.model.sources import import_keras_hub
+    from pipeline.model.loading.gguf_convert import tokenizer_proto
+    from pipeline.model.loading.keras_import import import_keras_hub
 
     keras_hub = import_keras_hub()  # on the JAX backend, whichever test module comes first
     return keras_hub.models.Gemma3Tokenizer(proto=tokenizer_proto(gguf_metadata(cache_dir)), has_vision_tokens=False)

@@ -115,8 +115,8 @@ import app, chatlens, pipeline
 from app.main import STATIC_DIR
 from app.web import TEMPLATES_DIR
 from pipeline.corpus import DATA_DIR, load_split
-from pipeline.model.chat_format import template
-from pipeline.model.sources import SHIPPED_ADAPTER, manifest_path
+from pipeline.model.training.format import template
+from pipeline.model.training.adapters import SHIPPED_ADAPTER, manifest_path
 from pipeline.prompts import PROMPTS_DIR, load_prompts
 
 print(json.dumps({
@@ -137,8 +137,8 @@ def test_packages_and_their_files_come_from_the_installed_wheel(installed):
     import hashlib
 
     from pipeline.corpus import load_split
-    from pipeline.model.chat_format import template
-    from pipeline.model.sources import SHIPPED_ADAPTER
+    from pipeline.model.training.format import template
+    from pipeline.model.training.adapters import SHIPPED_ADAPTER
     from pipeline.prompts import load_prompts
 
     done = installed.run(installed.bin("python"), "-c", PROBE)

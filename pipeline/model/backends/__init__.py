@@ -1,10 +1,10 @@
 """The model backends: what the pipeline's model stage runs (`--model-stage NAME`).
 
-One module per backend declares its options and builds its Beam ModelHandler per task;
-this registry finds them: every module here that has a `BACKEND`. Adding a backend is one
-module here (a `Backend` subclass and its `BACKEND`) and its tests. `keyed.py` turns the
-chosen backend into the keyed handler RunInference gets (routing, per-tenant models, model
-watch).
+One package per backend (`gemma/`, `remote/`, `noop/`): its `__init__.py` declares its options
+and its `BACKEND` (light: no Beam, no JAX), its `handler.py` the Beam ModelHandler it builds per
+task. `BACKENDS` below lists them, explicitly. Adding a backend is one package here, one line
+in `BACKENDS`, and its tests. `keyed.py` turns the chosen backend into the keyed handler
+RunInference gets (routing, per-tenant models, model watch).
 
 Options flow one way: `pipeline.options` collects the rows from here (each backend's own
 rows become PipelineConfig fields and reach the backend as `ModelBackend.options`, with
@@ -13,26 +13,14 @@ no code there naming them); nothing here imports `pipeline.options`.
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
 from typing import Any
 
+from pipeline.model.backends import gemma, noop, remote
 from pipeline.model.backends.base import DEFAULT_BACKEND, SHARED_OPTIONS, Backend, Option
 
-
-def _discover() -> dict[str, Backend]:
-    """Each module of this package with a `BACKEND`, by its `listed` rank (then name)."""
-    found = []
-    for module in pkgutil.iter_modules(__path__):
-        if module.name in ("base", "keyed"):  # the framework, not backends (keyed uses this registry)
-            continue
-        chosen = getattr(importlib.import_module(f"{__name__}.{module.name}"), "BACKEND", None)
-        if isinstance(chosen, Backend):
-            found.append(chosen)
-    return {b.name: b for b in sorted(found, key=lambda b: (b.listed, b.name))}
-
-
-BACKENDS: dict[str, Backend] = _discover()
+BACKENDS: dict[str, Backend] = {b.name: b for b in sorted((gemma.BACKEND, remote.BACKEND, noop.BACKEND),
+                                                          key=lambda b: (b.listed, b.name))}
+"""Every backend by name, in `listed` order (then name): --model-stage's choices and help."""
 assert DEFAULT_BACKEND in BACKENDS
 
 

@@ -6,12 +6,14 @@ import time, and `chatlens --help` must stay fast.
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from chatlens.config import Settings
-from pipeline.model.analysis import REPLY_FOR
-from pipeline.model.tasks import Task
+from pipeline.model.types import REPLY_FOR
+from pipeline.model.types import Task
 
 DEFAULT_BACKEND = "gemma"
 """What `--model-stage` runs unless told otherwise."""
@@ -35,6 +37,11 @@ class Option:
     metavar: str | None = None
     minimum: int | None = None
 
+    def __post_init__(self):
+        # The default is written once, in `default`; the help says it from there.
+        if self.default is not None and "(default" not in self.help:
+            object.__setattr__(self, "help", f"{self.help.rstrip()} (default {self.default})")
+
     @property
     def dest(self) -> str:
         return self.flag.lstrip("-").replace("-", "_")
@@ -54,19 +61,51 @@ SHARED_OPTIONS: tuple[Option, ...] = (
            "once at load (default: none; gemma3-270m already carries ChatLens's own)", metavar="FILE"),
     Option("--model-cache", "where converted models are cached (default: CHATLENS_CACHE)", metavar="DIR"),
     Option("--prompt-variant", "prompt set: 'completion' or 'chat' (default: follows the model kind)"),
-    Option("--min-batch-size", "smallest model batch (default 1)", 1, int),
-    Option("--max-batch-size", "largest model batch (default 8)", 8, int),
-    Option("--max-batch-duration-secs", "longest a batch waits to fill up; 0 batches within a bundle only "
-           "(default 1)", 1, int, minimum=0),
-    Option("--model-copies", "copies of the model per machine, e.g. one per GPU (default 1)", 1, int, minimum=1),
-    Option("--reply-for", "which chats get a reply draft (default negative)", "negative", choices=REPLY_FOR),
+    Option("--min-batch-size", "smallest model batch", 1, int),
+    Option("--max-batch-size", "largest model batch", 8, int),
+    Option("--max-batch-duration-secs", "longest a batch waits to fill up; 0 batches within a bundle only",
+           1, int, minimum=0),
+    Option("--model-copies", "copies of the model per machine, e.g. one per GPU", 1, int, minimum=1),
+    Option("--reply-for", "which chats get a reply draft", "negative", choices=REPLY_FOR),
 )
 """The model rows every backend reads (model, batching, reply policy)."""
 
 
-def default_of(rows: tuple[Option, ...], dest: str) -> Any:
-    """The default of the row `dest` in `rows` (KeyError if there is none)."""
-    return next(row.default for row in rows if row.dest == dest)
+def _model_options_class() -> type:
+    """`ModelOptions`: one field per row of SHARED_OPTIONS, named, typed and defaulted by it."""
+
+    def post_init(self) -> None:
+        problems = [problem for row in SHARED_OPTIONS if (problem := row.problem(getattr(self, row.dest)))]
+        problems += [f"{row.flag} must be one of {', '.join(row.choices)}, not {getattr(self, row.dest)!r}"
+                     for row in SHARED_OPTIONS if row.choices and getattr(self, row.dest) not in row.choices]
+        if self.min_batch_size < 1 or self.max_batch_size < self.min_batch_size:
+            problems.append("batch sizes: need 1 <= --min-batch-size <= --max-batch-size")
+        if problems:
+            raise ValueError("; ".join(problems))
+
+    def from_values(cls, values: Mapping[str, Any] | Any, **changes: Any):
+        """The options in `values` (a mapping by dest, or an object with them as attributes, such
+        as argparse's Namespace or PipelineConfig); None means the row's default."""
+        get = values.get if isinstance(values, Mapping) else lambda name: getattr(values, name, None)
+        found = {f.name: value for f in dataclasses.fields(cls) if (value := get(f.name)) is not None}
+        return cls(**{**found, **changes})
+
+    rows = [(row.dest, row.type if row.default is not None else (row.type | None),
+             dataclasses.field(default=MODEL_OPTION_DEFAULTS.get(row.dest, row.default))) for row in SHARED_OPTIONS]
+    cls = dataclasses.make_dataclass(
+        "ModelOptions", rows, frozen=True,
+        namespace={"__post_init__": post_init, "from_values": classmethod(from_values),
+                   "__doc__": "The model options of one run, typed: one field per shared model option row, built "
+                              "once (`ModelOptions.from_values`) where the command line is read and handed whole "
+                              "to the backend's handler and on to the engine."})
+    cls.__module__ = __name__  # pickled with the handlers Beam ships to its workers
+    return cls
+
+
+MODEL_OPTION_DEFAULTS = {"model": DEFAULT_MODEL}
+"""Where a field's default is not its row's: --model's row leaves it unset, so that CHATLENS_MODEL
+(Settings) can fill it in where the command line is read; an options object always names a model."""
+ModelOptions = _model_options_class()
 
 
 class Backend:
@@ -91,8 +130,9 @@ class Backend:
     def check(self, settings) -> None:
         """Raise ValueError when `settings` (a ModelBackend) lack what this backend needs."""
 
-    def handler(self, settings, model: str, adapter: str | None = None, task: Task = Task.ANALYZE):
-        """The unkeyed Beam ModelHandler running `task` with `model` (+ `adapter`)."""
+    def handler(self, settings, options: ModelOptions, task: Task = Task.ANALYZE):
+        """The unkeyed Beam ModelHandler running `task` with `options` (the run's ModelOptions, or a
+        tenant's: its model, no adapter); `settings` is the ModelBackend (sharing, watch, own options)."""
         raise NotImplementedError
 
     def _task(self, task: Task | str) -> Task:

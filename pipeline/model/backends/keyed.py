@@ -16,16 +16,17 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any
 
 from apache_beam.ml.inference.base import KeyedModelHandler, KeyModelMapping
 
 from chatlens.contracts import ChatWindow
-from pipeline.model.backends import BACKENDS, DEFAULT_BACKEND, Backend, backend, default
-from pipeline.model.backends.base import DEFAULT_MODEL
-from pipeline.model.tasks import Task
+from pipeline.model.backends import BACKENDS, DEFAULT_BACKEND, Backend, backend
+from pipeline.model.backends.base import ModelOptions
+from pipeline.model.backends.gemma.watch import WATCH_INTERVAL_SECS
+from pipeline.model.types import Task
 
 DEFAULT_ROUTE = "*"
 """The route of every chat whose tenant has no model of its own."""
@@ -52,24 +53,18 @@ def _able(capability: str) -> str:
 
 @dataclass(frozen=True)
 class ModelBackend:
-    """The resolved model options of one run (see PipelineConfig.model_backend)."""
+    """The resolved model stage of one run (see PipelineConfig.model_backend): the chosen
+    backend, the run's ModelOptions (handed whole to the backend's handler), and the stage's
+    routing and sharing."""
 
     kind: str = DEFAULT_BACKEND
-    model: str = DEFAULT_MODEL
-    adapter: str | None = None
-    reply_for: str = default("reply_for")
-    cache_dir: str | None = None
-    prompt_variant: str | None = None
-    min_batch_size: int = default("min_batch_size")
-    max_batch_size: int = default("max_batch_size")
-    max_batch_duration_secs: int | None = None
+    model_options: ModelOptions = ModelOptions()
     large_model: bool = True
-    model_copies: int | None = None
     tenant_models: tuple[tuple[str, str], ...] = ()
     max_models_per_worker: int | None = None
     watch_pattern: str | None = None
-    watch_interval_secs: int = default("model_watch_interval_secs")
-    watch_in_handler: bool = False  # local runners: the handler watches (pipeline/model/watch.py)
+    watch_interval_secs: int = WATCH_INTERVAL_SECS
+    watch_in_handler: bool = False  # local runners: the handler watches (backends/gemma/watch.py)
     options: dict[str, Any] = field(default_factory=dict, hash=False)
     """The chosen backend's own options by dest, e.g. {"remote_url": ..., "remote_model": ...}."""
 
@@ -83,11 +78,7 @@ class ModelBackend:
         """
         chosen = backend(values["model_stage"])
         return cls(
-            kind=chosen.name, model=values["model"], adapter=values["adapter"], reply_for=values["reply_for"],
-            cache_dir=values["model_cache"], prompt_variant=values["prompt_variant"],
-            min_batch_size=values["min_batch_size"], max_batch_size=values["max_batch_size"],
-            max_batch_duration_secs=values["max_batch_duration_secs"] or None, large_model=large_model,
-            model_copies=values["model_copies"] if values["model_copies"] > 1 else None,
+            kind=chosen.name, model_options=ModelOptions.from_values(values), large_model=large_model,
             tenant_models=parse_tenant_models(values["tenant_models"]),
             max_models_per_worker=values["max_models_per_worker"], watch_pattern=values["model_watch"],
             watch_interval_secs=values["model_watch_interval_secs"], watch_in_handler=watch_in_handler,
@@ -126,12 +117,12 @@ class ModelBackend:
     def handler(self, task: Task = Task.ANALYZE):
         """The keyed model handler of the model stage."""
         if not self.tenant_models:
-            return BackendModelHandler(self._unkeyed(self.model, self.adapter, task), self.prebatched)
+            return BackendModelHandler(self._unkeyed(self.model_options, task), self.prebatched)
         tenants_by_model: dict[str, list[str]] = defaultdict(list)
         for tenant, spec in self.tenant_models:
             tenants_by_model[spec].append(tenant)
-        mappings = [KeyModelMapping([DEFAULT_ROUTE], self._unkeyed(self.model, self.adapter, task))]
-        mappings += [KeyModelMapping(tenants, self._unkeyed(spec, None, task))
+        mappings = [KeyModelMapping([DEFAULT_ROUTE], self._unkeyed(self.model_options, task))]
+        mappings += [KeyModelMapping(tenants, self._unkeyed(replace(self.model_options, model=spec, adapter=None), task))
                      for spec, tenants in tenants_by_model.items()]
         return TenantModelHandler(mappings, self.max_models_per_worker, self.prebatched)
 
@@ -141,20 +132,10 @@ class ModelBackend:
         (`pipeline.transforms.batching.BatchChats`): Beam's own
         (`BatchElements(max_batch_duration_secs=...)`) keeps its state under untyped keys,
         whose coder is not deterministic."""
-        return bool(self.max_batch_duration_secs)
+        return bool(self.model_options.max_batch_duration_secs)
 
-    def batching(self) -> dict[str, Any]:
-        """The batch sizes every backend's handler takes."""
-        return {"min_batch_size": self.min_batch_size, "max_batch_size": self.max_batch_size}
-
-    def engine_kwargs(self, model: str, adapter: str | None = None) -> dict[str, Any]:
-        """GemmaModelHandler's arguments (the gemma and noop backends)."""
-        return {"model": model, "adapter": adapter, "reply_for": self.reply_for, "cache_dir": self.cache_dir,
-                "prompt_variant": self.prompt_variant, "large_model": self.large_model,
-                "model_copies": self.model_copies, **self.batching()}
-
-    def _unkeyed(self, model: str, adapter: str | None, task: Task):
-        return self.backend.handler(self, model, adapter, task)
+    def _unkeyed(self, options: ModelOptions, task: Task):
+        return self.backend.handler(self, options, task)
 
 
 class BackendModelHandler(KeyedModelHandler):

@@ -18,10 +18,10 @@ from apache_beam.ml.inference.base import KeyedModelHandler
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from chatlens.contracts import parse_window
-from pipeline.model.handler import GemmaModelHandler
-from pipeline.model.remote import OpenAIChatModelHandler
+from pipeline.model.backends.gemma.handler import GemmaModelHandler
+from pipeline.model.backends.remote.handler import OpenAIChatModelHandler
 from pipeline.model.backends.keyed import DEFAULT_ROUTE, ModelBackend, TenantModelHandler, parse_tenant_models
-from pipeline.model.watch import PresetWatch, preset_of
+from pipeline.model.backends.gemma.watch import PresetWatch, preset_of
 from pipeline.options import PipelineConfig
 from tests.support.pipeline import run_inference_nodes, window_json
 
@@ -218,12 +218,12 @@ class EchoBackend(Backend):
     options = (Option("--echo-greeting", "what it answers (default hello)", "hello"),
                Option("--echo-times", "how often it says it (default 1)", 1, int, minimum=1))
 
-    def handler(self, settings, model, adapter=None, task="analyze"):
+    def handler(self, settings, options, task="analyze"):
         self._task(task)
         return EchoHandler(settings.options["echo_greeting"] * settings.options["echo_times"])
 
 
-BACKENDS["echo"] = EchoBackend()  # what discovery does for a module in backends/ (the checkout stays untouched); pipeline.options is imported after it
+BACKENDS["echo"] = EchoBackend()  # what its line in the registry does (the checkout stays untouched); pipeline.options is imported after it
 
 from pipeline.options import PipelineConfig, beam_options, chatlens_options_class
 from pipeline.streaming import add_arguments
@@ -273,13 +273,54 @@ def test_a_new_backends_option_reaches_the_config_beam_and_its_handler(tmp_path)
     assert seen["problem"] == "--echo-times must be at least 1"
 
 
-def test_the_registry_finds_every_backend_module_in_its_listed_order():
-    """A backend is registered by being a module of pipeline/model/backends/ with a BACKEND."""
+def test_the_registry_lists_every_backend_package_in_its_listed_order():
+    """Every package of pipeline/model/backends/ is a backend (its BACKEND, its handler.py) and is
+    listed in the explicit registry, BACKENDS."""
     from pathlib import Path
 
     import pipeline.model.backends as package
     from pipeline.model.backends import BACKENDS
 
-    modules = {p.stem for p in Path(package.__file__).parent.glob("*.py")} - {"__init__", "base", "keyed"}
-    assert {type(b).__module__.rsplit(".", 1)[1] for b in BACKENDS.values()} == modules
+    packages = {p.parent.name for p in Path(package.__file__).parent.glob("*/__init__.py")}
+    assert {type(b).__module__.rsplit(".", 1)[1] for b in BACKENDS.values()} == packages
+    assert all((Path(package.__file__).parent / name / "handler.py").is_file() for name in packages)
     assert list(BACKENDS) == ["gemma", "remote", "noop"]  # --model-stage's help and the reference keep this order
+
+
+def test_model_options_are_the_shared_rows_typed_and_checked_once():
+    """ModelOptions has one field per shared row (name, default), is built once from the parsed
+    command line, and refuses what the rows refuse: the model fields are written once, in the rows."""
+    import argparse
+    import dataclasses
+
+    from pipeline.model.backends.base import DEFAULT_MODEL, SHARED_OPTIONS, ModelOptions
+    from pipeline.options import PipelineConfig, add_pipeline_arguments
+
+    fields = {f.name: f.default for f in dataclasses.fields(ModelOptions)}
+    assert list(fields) == [row.dest for row in SHARED_OPTIONS]
+    assert fields == {row.dest: DEFAULT_MODEL if row.dest == "model" else row.default for row in SHARED_OPTIONS}
+    parser = argparse.ArgumentParser()
+    add_pipeline_arguments(parser)
+    args = parser.parse_args(["--max-batch-size", "4", "--reply-for", "all"])
+    options = ModelOptions.from_values(args)
+    assert options == ModelOptions(max_batch_size=4, reply_for="all")
+    assert PipelineConfig(project="chatlens-local", max_batch_size=4, reply_for="all").model_options() == options
+    for wrong, message in (({"reply_for": "some"}, "--reply-for must be one of"),
+                           ({"max_batch_size": 0}, "batch sizes"), ({"model_copies": 0}, "--model-copies")):
+        with pytest.raises(ValueError, match=message):
+            ModelOptions(**wrong)
+    handler = GemmaModelHandler(options, large_model=False)
+    assert handler._options is options and handler.batch_elements_kwargs()["max_batch_size"] == 4
+
+
+def test_help_texts_say_each_default_from_the_row():
+    """A row's help ends with its default, added from `default` (never written in the text again);
+    or, where the default needs words (--model-sharing's 'auto', --model-stage's from the registry),
+    says them once."""
+    from pipeline.model.backends import own_options
+    from pipeline.options import OPTIONS
+
+    for row in (*OPTIONS, *own_options()):
+        assert row.help.count("(default") <= 1, row.flag
+        if row.default is not None and not row.help.endswith(f"(default {row.default})"):
+            assert row.flag in ("--model-sharing", "--model-stage"), row.flag

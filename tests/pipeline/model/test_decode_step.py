@@ -2,15 +2,11 @@
 
 from __future__ import annotations
 
-import os
+import jax.numpy as jnp
+import numpy as np
+import pytest
 
-os.environ.setdefault("KERAS_BACKEND", "jax")
-
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-
-from pipeline.model.decode_step import (  # noqa: E402
+from pipeline.model.decoding.step import (
     decoding_cache,
     forward_cached,
     forward_one,

@@ -2,14 +2,10 @@
 
 from __future__ import annotations
 
-import os
+import numpy as np
+import pytest
 
-os.environ.setdefault("KERAS_BACKEND", "jax")
-
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-
-from pipeline.model.deferred_weights import build_unfilled, settle  # noqa: E402
+from pipeline.model.loading.deferred_weights import build_unfilled, settle
 
 
 def tiny_backbone():

@@ -1,4 +1,4 @@
-"""GemmaEngine and GemmaModelHandler on the real Gemma 3 270M weights."""
+"""PromptedEngine and GemmaModelHandler on the real Gemma 3 270M weights."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from chatlens.contracts import MAX_SUMMARY_CHARS, ChatMessage, ChatWindow
-from pipeline.model.sources import BASE_SPEC
+from pipeline.model.loading.sources import BASE_SPEC
 
 pytestmark = pytest.mark.slow
 T0 = datetime(2026, 11, 2, 9, 0, tzinfo=timezone.utc)
@@ -34,10 +34,10 @@ ARABIC = window("arabic", "الطلب وصل متأخر جدا والأكل با
 
 @pytest.fixture(scope="module")
 def engine(gemma_lm, base_source):
-    from pipeline.model.engine import GemmaEngine
+    from pipeline.model.decoding.prompted import PromptedEngine
     from pipeline.prompts import load_prompts
 
-    return GemmaEngine(gemma_lm, base_source.model_id, load_prompts("completion"))
+    return PromptedEngine(gemma_lm, base_source.model_id, load_prompts("completion"))
 
 
 def test_calibration_bias_is_measured_on_content_free_input(engine):
@@ -116,7 +116,7 @@ def test_long_chats_are_cut_to_the_context_with_a_flag(engine):
 def test_handler_loads_from_the_cache_and_runs_a_keyed_batch(model_cache):
     from apache_beam.ml.inference.base import KeyedModelHandler
 
-    from pipeline.model.handler import GemmaModelHandler
+    from pipeline.model.backends.gemma.handler import GemmaModelHandler
 
     handler = GemmaModelHandler(BASE_SPEC, cache_dir=model_cache, large_model=False, max_batch_size=4, reply_for="all")
     assert handler.batch_elements_kwargs()["max_batch_size"] == 4

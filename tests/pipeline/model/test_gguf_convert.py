@@ -20,9 +20,10 @@ import pytest
 import sentencepiece as spm
 
 from tests.support.models import gguf_metadata
-from pipeline.model.gguf_convert import CONVERTER_VERSION, _heads_in, _heads_out, read_metadata, tokenizer_proto
-from pipeline.model.sources import BASE_SPEC, GGUF_SPEC, MARKER, ModelSpecError, bundled_gguf, load_causal_lm, resolve_model
-from pipeline.model.spm_proto import model_proto_class
+from pipeline.model.loading.gguf_convert import CONVERTER_VERSION, _heads_in, _heads_out, read_metadata, tokenizer_proto
+from pipeline.model.loading.sources import BASE_SPEC, GGUF_SPEC, MARKER, bundled_gguf, load_causal_lm, resolve_model
+from pipeline.model.types import ModelSpecError
+from pipeline.model.loading.spm_proto import model_proto_class
 
 PROSE = (
     "The history of the city goes back more than two thousand years. It began as a small fishing village on the "
@@ -154,7 +155,7 @@ def test_stale_or_interrupted_conversion_is_redone(tmp_path, monkeypatch):
             raise KeyboardInterrupt  # killed half-way
         (preset_dir / "config.json").write_text("{}")
 
-    monkeypatch.setattr("pipeline.model.gguf_convert.convert_gguf", fake_convert)
+    monkeypatch.setattr("pipeline.model.loading.gguf_convert.convert_gguf", fake_convert)
     with pytest.raises(KeyboardInterrupt):
         resolve_model(BASE_SPEC, tmp_path)
     models = tmp_path / "models"
@@ -180,7 +181,7 @@ def test_keras_on_another_backend_is_refused(forget_env, why):
     code = (
         "import os, keras\n"
         + ("del os.environ['KERAS_BACKEND']\n" if forget_env else "")
-        + "from pipeline.model.sources import import_keras_hub\nimport_keras_hub()\n"
+        + "from pipeline.model.loading.keras_import import import_keras_hub\nimport_keras_hub()\n"
     )
     env = {**os.environ, "KERAS_BACKEND": "numpy"}
     result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)

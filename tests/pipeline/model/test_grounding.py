@@ -1,17 +1,13 @@
-"""The number-grounding constraint of the decoder (pipeline/model/grounding.py), step by step."""
+"""The number-grounding constraint of the decoder (pipeline/model/decoding/grounding.py), step by step."""
 
 from __future__ import annotations
 
-import os
+import jax.numpy as jnp
+import numpy as np
+import pytest
 
-os.environ.setdefault("KERAS_BACKEND", "jax")
-
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-
-from pipeline.model import grounding  # noqa: E402
-from pipeline.scoring import numbers  # noqa: E402
+from pipeline.model.decoding import grounding
+from pipeline.scoring import numbers
 
 # A toy vocabulary: words, a space, the separators, the digits, and tokens that hold digits otherwise.
 PIECES = ["<end>", "order", " ", "at", ".", ",", ":", "/", *"0123456789", "x1", "٣", "<0x31>"]

@@ -26,8 +26,8 @@ from apache_beam.utils import retry
 
 from chatlens.contracts import ChatMessage, ChatWindow
 from tests.support.remote import MODEL, ChatCompletionsServer
-from pipeline.model.tasks import Task
-from pipeline.model.remote import (
+from pipeline.model.types import Task
+from pipeline.model.backends.remote.handler import (
     PROMPT_VERSION,
     InvalidModelOutput,
     OpenAIChatModelHandler,

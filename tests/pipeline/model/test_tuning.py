@@ -2,20 +2,16 @@
 
 from __future__ import annotations
 
-import os
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
 
-os.environ.setdefault("KERAS_BACKEND", "jax")
-
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-
-from tests.support.models import tiny_gemma_lm  # noqa: E402
-from pipeline.corpus import DATA_DIR, load_examples  # noqa: E402
-from pipeline.model.chat_format import REPLY_CHARS, training_sequence  # noqa: E402
-from pipeline.model.one_pass import OnePassDecoder  # noqa: E402
-from pipeline.model.tuning import LoraTrainer, length_batches, pack  # noqa: E402
+from tests.support.models import tiny_gemma_lm
+from pipeline.corpus import DATA_DIR, load_examples
+from pipeline.model.training.format import REPLY_CHARS, training_sequence
+from pipeline.model.decoding.one_pass import OnePassDecoder
+from pipeline.model.training.trainer import LoraTrainer, length_batches, pack
 
 
 @pytest.fixture(scope="module")
@@ -89,7 +85,7 @@ def test_a_tiny_tune_lowers_the_loss_and_its_adapter_reloads(tiny_lm, model_cach
 
 
 def test_a_run_can_widen_an_adapter_to_the_feed_forward_layers_and_reload_it(tiny_lm, model_cache, chats, tmp_path):
-    from pipeline.model.tuning import load_adapter
+    from pipeline.model.training.adapters import load_adapter
 
     seqs = sequences(OnePassDecoder(tiny_lm), chats)
     batches = [pack([seqs[i] for i in b]) for b in length_batches(seqs, 4096, seed=0)]
@@ -210,7 +206,7 @@ def test_reply_for_negative_replies_where_the_label_comes_out_negative(tiny_lm, 
 
 
 def test_the_calibration_moves_the_label_and_the_reply_decision_and_only_rescales_confidence(tiny_lm, chats):
-    from pipeline.model.calibration import LabelCalibration
+    from pipeline.model.decoding.calibration import LabelCalibration
 
     windows = [c.window for c in chats]
     plain = OnePassDecoder(tiny_lm, summary_tokens=3, reply_tokens=2)
@@ -225,7 +221,7 @@ def test_the_calibration_moves_the_label_and_the_reply_decision_and_only_rescale
 
 
 def test_fitting_a_calibration_finds_the_missed_class_and_honest_confidence():
-    from pipeline.model.calibration import LabelCalibration, fit, macro_f1
+    from pipeline.model.decoding.calibration import LabelCalibration, fit, macro_f1
 
     rng = np.random.default_rng(0)
     gold = rng.integers(-1, 2, 600)
@@ -244,8 +240,10 @@ def test_fitting_a_calibration_finds_the_missed_class_and_honest_confidence():
 def test_an_adapter_is_merged_once_into_a_cached_preset_that_gives_the_tuned_logits(model_cache, tmp_path):
     import json
 
-    from pipeline.model.calibration import LabelCalibration
-    from pipeline.model.sources import ModelSpecError, manifest_path, resolve_model
+    from pipeline.model.decoding.calibration import LabelCalibration
+    from pipeline.model.loading.sources import resolve_model
+    from pipeline.model.training.adapters import manifest_path
+    from pipeline.model.types import ModelSpecError
 
     base_dir = tmp_path / "tiny-base"
     tiny_gemma_lm(model_cache).save_to_preset(str(base_dir))
@@ -286,7 +284,7 @@ def test_tune_from_dashboard_learns_what_staff_taught_and_never_replaces_a_bette
 
     from app.main import create_app
     from cli.main import main
-    from pipeline.model.sources import manifest_path
+    from pipeline.model.training.adapters import manifest_path
 
     database_url, tokens = staffed_database("sqlite", tmp_path)
     store(database_url, make_insight("taught-label", sentiment=1, start=T0),

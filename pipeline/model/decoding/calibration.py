@@ -18,7 +18,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-# numpy is imported where used: this module is read when the CLI starts (pipeline.model.sources).
+# numpy is imported where used: this module is read when the CLI starts (pipeline.model.loading.sources).
 BIAS_GRID = tuple(round(-4.0 + 0.1 * i, 2) for i in range(81))  # neutral's stays 0: only differences count
 TEMPERATURE_GRID = tuple(round(0.25 * math.exp(math.log(32.0) * i / 60), 4) for i in range(61))  # 0.25 .. 8
 NEAR_BEST = 0.005  # macro-F1 within this of the best counts as a tie; the smallest bias wins it

@@ -1,4 +1,4 @@
-"""`--model-stage noop`: the benchmarking baseline of bench/e2e.py (pipeline/model/noop.py).
+"""`--model-stage noop`: the benchmarking baseline of bench/e2e.py (handler.py here).
 
 GemmaModelHandler's batching and model sharing around a model call that does nothing, so
 the pipeline's own overhead can be measured. Never for real traffic.
@@ -7,7 +7,7 @@ the pipeline's own overhead can be measured. Never for real traffic.
 from __future__ import annotations
 
 from pipeline.model.backends.base import Backend
-from pipeline.model.tasks import Task
+from pipeline.model.types import Task
 
 
 class NoopBackend(Backend):
@@ -18,10 +18,10 @@ class NoopBackend(Backend):
             "own overhead; never for real traffic")
     tasks = (Task.ANALYZE, Task.SENTIMENT)
 
-    def handler(self, settings, model, adapter=None, task=Task.ANALYZE):
-        from pipeline.model.noop import NoopModelHandler
+    def handler(self, settings, options, task=Task.ANALYZE):
+        from pipeline.model.backends.noop.handler import NoopModelHandler
 
-        return NoopModelHandler(task=self._task(task), **settings.engine_kwargs(model, adapter))
+        return NoopModelHandler(options, task=self._task(task), large_model=settings.large_model)
 
 
 BACKEND = NoopBackend()

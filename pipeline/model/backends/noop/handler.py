@@ -22,8 +22,8 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from chatlens.contracts import ChatWindow
-from pipeline.model.analysis import WindowAnalysis, reply_policies, wants_reply
-from pipeline.model.handler import GemmaModelHandler
+from pipeline.model.backends.gemma.handler import GemmaModelHandler
+from pipeline.model.types import WindowAnalysis, reply_policies, wants_reply
 
 log = logging.getLogger(__name__)
 

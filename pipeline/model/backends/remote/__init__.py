@@ -1,4 +1,4 @@
-"""`--model-stage remote`: OpenAIChatModelHandler, an OpenAI-compatible endpoint (pipeline/model/remote.py).
+"""`--model-stage remote`: OpenAIChatModelHandler, an OpenAI-compatible endpoint (handler.py here).
 
 The workers only send requests; a model server (vLLM, llama.cpp, Ollama, ...) answers. The
 API key, if any, is read on the workers from CHATLENS_REMOTE_API_KEY, never passed as an option.
@@ -7,7 +7,7 @@ API key, if any, is read on the workers from CHATLENS_REMOTE_API_KEY, never pass
 from __future__ import annotations
 
 from pipeline.model.backends.base import Backend, Option
-from pipeline.model.tasks import Task
+from pipeline.model.types import Task
 
 OPTIONS: tuple[Option, ...] = (
     Option("--remote-url", "--model-stage remote: base URL of an OpenAI-compatible API, e.g. "
@@ -29,12 +29,13 @@ class RemoteBackend(Backend):
         if not (settings.options.get("remote_url") and settings.options.get("remote_model")):
             raise ValueError("--model-stage remote needs --remote-url and --remote-model")
 
-    def handler(self, settings, model, adapter=None, task=Task.ANALYZE):
-        from pipeline.model.remote import OpenAIChatModelHandler
+    def handler(self, settings, options, task=Task.ANALYZE):
+        from pipeline.model.backends.remote.handler import OpenAIChatModelHandler
 
         self._task(task)
         return OpenAIChatModelHandler(settings.options["remote_url"], settings.options["remote_model"],
-                                      reply_for=settings.reply_for, **settings.batching())
+                                      reply_for=options.reply_for, min_batch_size=options.min_batch_size,
+                                      max_batch_size=options.max_batch_size)
 
 
 BACKEND = RemoteBackend()

@@ -19,8 +19,8 @@ import gguf
 import numpy as np
 from tqdm import tqdm
 
-from pipeline.model.deferred_weights import build_unfilled, settle
-from pipeline.model.spm_proto import PieceType, SpecialIds, build_bpe_model
+from pipeline.model.loading.deferred_weights import build_unfilled, settle
+from pipeline.model.loading.spm_proto import PieceType, SpecialIds, build_bpe_model
 
 # Bump whenever the produced preset would change; cached conversions are redone.
 CONVERTER_VERSION = 1
@@ -197,7 +197,7 @@ def convert_gguf(gguf_path: Path, preset_dir: Path, *, dtype: str = "float32", p
     variable must be filled, so a layout change in either library fails loudly.
     """
     from chatlens.quiet import native_noise_filtered
-    from pipeline.model.sources import import_keras_hub
+    from pipeline.model.loading.keras_import import import_keras_hub
 
     keras_hub = import_keras_hub()  # JAX backend, TensorFlow's import notes filtered (a first run converts)
     reader = gguf.GGUFReader(gguf_path)

@@ -2,18 +2,18 @@
 
 For a batch of chats:
 1. the prompts are prefilled once, left-padded, in groups of similar lengths
-   (`generation.prefill_groups`: one long chat gets a prefill of its own rather than padding
+   (`buckets.prefill_groups`: one long chat gets a prefill of its own rather than padding
    every row to its length); the label probabilities are the three label tokens' logits at the
-   prompt's end through the adapter's calibration (`pipeline/model/calibration.py`), and the
+   prompt's end through the adapter's calibration (`pipeline/model/decoding/calibration.py`), and the
    label is their argmax; each row is fed its label token and the summary cue;
 2. the groups' caches join one decoding cache, every prompt ending at the same position (the
-   shorter groups' keys rotated on: `decode_step.shift_positions`), and each row decodes its
+   shorter groups' keys rotated on: `step.shift_positions`), and each row decodes its
    summary greedily;
 3. a row whose reply is wanted (`reply_for`: always, or where its label came out negative)
    is fed the reply cue as soon as its summary ends and decodes the reply on the same cache;
    other rows stop there; a reply also stops once its text is surely past the cut staff see
-   (`REPLY_CHARS`: `generation.visible_characters`), the same draft in fewer steps.
-Numbers in a summary or reply are the chat's own (`pipeline/model/grounding.py`: a mask on
+   (`REPLY_CHARS`: `text.visible_characters`), the same draft in fewer steps.
+Numbers in a summary or reply are the chat's own (`pipeline/model/decoding/grounding.py`: a mask on
 each step's logits). Every row advances one position per step, so a row's sequence has no gaps and is exactly
 what it was trained on. The vocabulary projection runs only where a token is read: the
 last prompt position and one position per decoding step."""
@@ -21,7 +21,6 @@ last prompt position and one position per decoding step."""
 from __future__ import annotations
 
 import functools
-import itertools
 import logging
 import threading
 from collections.abc import Sequence
@@ -29,14 +28,31 @@ from dataclasses import dataclass
 
 import jax
 import jax.numpy as jnp
-import keras
 import numpy as np
 
 from chatlens.contracts import MAX_REPLY_CHARS, MAX_SUMMARY_CHARS, ChatWindow
-from pipeline.model import grounding
-from pipeline.model.analysis import WindowAnalysis, reply_policies
-from pipeline.model.calibration import LabelCalibration
-from pipeline.model.chat_format import (
+from pipeline.model.decoding import grounding
+from pipeline.model.decoding.buckets import (
+    BATCH_BUCKETS,
+    LENGTH_BUCKETS,
+    PREFILL_OVERHEAD_TOKENS,
+    bucket,
+    padded_rows,
+    prefill_groups,
+)
+from pipeline.model.decoding.calibration import LabelCalibration
+from pipeline.model.decoding.state import detokenize, model_state, stateless_scope, token_ids
+from pipeline.model.decoding.step import (
+    decoding_cache,
+    empty_cache,
+    forward_cached,
+    forward_one,
+    shift_positions,
+    step_weights,
+    to_head_major,
+)
+from pipeline.model.decoding.text import PAST_CUT_MARGIN, clean_completion, visible_characters
+from pipeline.model.training.format import (
     MAX_PROMPT_TOKENS,
     REPLY_CHARS,
     REPLY_TOKENS,
@@ -44,25 +60,7 @@ from pipeline.model.chat_format import (
     SUMMARY_TOKENS,
     Vocabulary,
 )
-from pipeline.model.decode_step import (
-    decoding_cache,
-    forward_cached,
-    forward_one,
-    shift_positions,
-    step_weights,
-    to_head_major,
-)
-from pipeline.model.generation import (
-    BATCH_BUCKETS,
-    LENGTH_BUCKETS,
-    PAST_CUT_MARGIN,
-    PREFILL_OVERHEAD_TOKENS,
-    bucket,
-    clean_completion,
-    padded_rows,
-    prefill_groups,
-    visible_characters,
-)
+from pipeline.model.types import WindowAnalysis, reply_policies
 
 log = logging.getLogger(__name__)
 
@@ -103,12 +101,12 @@ class OnePassDecoder:
         self.summary_tokens = summary_tokens
         self.reply_tokens = reply_tokens
         self.calibration = calibration
-        # Numbers in a summary or reply only from the chat (pipeline/model/grounding.py).
+        # Numbers in a summary or reply only from the chat (pipeline/model/decoding/grounding.py).
         self.ground_numbers = ground_numbers
         pieces = tokenizer.get_vocabulary()
         self._token_codes = grounding.token_codes(pieces) if ground_numbers else None
         self._visible = visible_characters(pieces)
-        self.prefill_overhead = PREFILL_OVERHEAD_TOKENS  # see generation.prefill_groups
+        self.prefill_overhead = PREFILL_OVERHEAD_TOKENS  # see buckets.prefill_groups
         self.compiles: list[str] = []
         self._lock = threading.Lock()
         self._prefill, self._decode_loop = self._build()
@@ -116,29 +114,23 @@ class OnePassDecoder:
         self._prepared: tuple = ((), None)  # (the state they came from, its step weights)
 
     def _tokenize(self, text: str) -> list[int]:
-        ids = self.tokenizer.tokenize(text)
-        return ids.tolist() if hasattr(ids, "tolist") else list(ids)
+        return token_ids(self.tokenizer, text)
 
     def _decode(self, ids: Sequence[int]) -> str:
-        if not ids:
-            return ""
-        text = self.tokenizer.detokenize([list(ids)])[0]
-        return text.decode("utf-8") if isinstance(text, bytes) else str(text)
+        return detokenize(self.tokenizer, ids)
 
     def _state(self):
-        return ([v.value for v in self.lm.trainable_variables], [v.value for v in self.lm.non_trainable_variables])
+        return model_state(self.lm)
 
     def _scope(self, state):
-        trainable, frozen = state
-        return keras.StatelessScope(state_mapping=itertools.chain(
-            zip(self.lm.trainable_variables, trainable), zip(self.lm.non_trainable_variables, frozen)))
+        return stateless_scope(self.lm, state)
 
     def _in_scope(self, state, function, *args):
         with self._scope(state):
             return function(*args)
 
     def _weights(self, state):
-        """The decoding step's weights (`decode_step.step_weights`) for this state, made once per state:
+        """The decoding step's weights (`step.step_weights`) for this state, made once per state:
         the shipped model's never changes; a tune's changes after each step of training."""
         arrays = [*state[0], *state[1]]
         before, weights = self._prepared
@@ -169,9 +161,7 @@ class OnePassDecoder:
             left-padded group; its keys placed `offset` positions on, where the batch's prompts end.
             `label_only`: the label logits alone."""
             batch, length = prompt_ids.shape
-            shape = (batch, length + 1 + cue.shape[0], backbone.num_key_value_heads, backbone.head_dim)
-            cache = tuple((jnp.zeros(shape, self.lm.compute_dtype), jnp.zeros(shape, self.lm.compute_dtype))
-                          for _ in range(backbone.num_layers))
+            cache = empty_cache(backbone, batch, length + 1 + cue.shape[0], self.lm.compute_dtype)
             mask = jnp.concatenate([key_mask, jnp.ones((batch, 1 + cue.shape[0]), bool)], axis=1)
             with self._scope(state):
                 hidden, cache = forward_cached(backbone, prompt_ids, cache, 0, mask)
@@ -321,7 +311,7 @@ class OnePassDecoder:
 
     def _finish(self, tokens: Sequence[int], kind: str) -> str:
         """Generated tokens as staff see them: stops dropped, one clean paragraph ending at the last
-        whole sentence within `SUMMARY_CHARS` or `REPLY_CHARS` (pipeline/model/chat_format.py)."""
+        whole sentence within `SUMMARY_CHARS` or `REPLY_CHARS` (pipeline/model/training/format.py)."""
         limits = {"summary": (MAX_SUMMARY_CHARS, SUMMARY_CHARS), "reply": (MAX_REPLY_CHARS, REPLY_CHARS)}[kind]
         return clean_completion(self._decode(self._content(tokens)), *limits)
 

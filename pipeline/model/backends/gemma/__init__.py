@@ -8,9 +8,8 @@ watch (`--model-watch`): both load Gemma presets.
 from __future__ import annotations
 
 from pipeline.model.backends.base import Backend, Option
-from pipeline.model.tasks import Task
-
-WATCH_INTERVAL_SECS = 60
+from pipeline.model.backends.gemma.watch import WATCH_INTERVAL_SECS
+from pipeline.model.types import Task
 
 OPTIONS: tuple[Option, ...] = (
     Option("--tenant-models", "per-tenant models: 'TENANT=MODEL[,TENANT=MODEL...]' (a chat's tenant field "
@@ -23,8 +22,8 @@ OPTIONS: tuple[Option, ...] = (
            "new preset directory, e.g. 'gs://bucket/presets/*/config.json'; the newest match added after the "
            "start wins (RunInference's watch_model_pattern; local runners watch in the handler)",
            metavar="PATTERN"),
-    Option("--model-watch-interval-secs", f"how often --model-watch looks for new presets (default "
-           f"{WATCH_INTERVAL_SECS})", WATCH_INTERVAL_SECS, int, minimum=1),
+    Option("--model-watch-interval-secs", "how often --model-watch looks for new presets", WATCH_INTERVAL_SECS,
+           int, minimum=1),
 )
 
 
@@ -37,13 +36,13 @@ class GemmaBackend(Backend):
     tenant_models = True
     model_watch = True
 
-    def handler(self, settings, model, adapter=None, task=Task.ANALYZE):
-        from pipeline.model.handler import GemmaModelHandler
+    def handler(self, settings, options, task=Task.ANALYZE):
+        from pipeline.model.backends.gemma.handler import GemmaModelHandler
 
-        kwargs = settings.engine_kwargs(model, adapter)
+        watch = {}
         if settings.watch_pattern and settings.watch_in_handler:
-            kwargs.update(watch_pattern=settings.watch_pattern, watch_interval_secs=settings.watch_interval_secs)
-        return GemmaModelHandler(task=self._task(task), **kwargs)
+            watch = {"watch_pattern": settings.watch_pattern, "watch_interval_secs": settings.watch_interval_secs}
+        return GemmaModelHandler(options, task=self._task(task), large_model=settings.large_model, **watch)
 
 
 BACKEND = GemmaBackend()

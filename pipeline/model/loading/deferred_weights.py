@@ -29,11 +29,9 @@ def settle(model: Any) -> None:
     keras initializes the deferred variables when the next top-level stateless scope closes
     (a `stateless_call`, for one) and refuses any that already hold a value.
     """
-    from keras.src.backend.common import global_state
+    from pipeline import compat
 
-    # First, so that a failed load leaves no assigned variable on the list to break the next build.
-    pending = global_state.get_global_attribute("uninitialized_variables") or []
-    global_state.set_global_attribute("uninitialized_variables", [v for v in pending if v._value is None])
-    empty = [v.path for v in model.weights if v._value is None]
+    # The list first, so that a failed load leaves no assigned variable on it to break the next build.
+    empty = compat.settle_deferred_variables(model)
     if empty:
         raise ValueError(f"{len(empty)} weights were never assigned, e.g. {empty[:3]}")

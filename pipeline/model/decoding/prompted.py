@@ -1,6 +1,6 @@
-"""GemmaEngine: batched sentiment scoring and text generation with one loaded Gemma.
+"""PromptedEngine: batched sentiment scoring and text generation with one loaded, untuned Gemma.
 
-This object is what a Beam worker shares between threads and processes (see handler.py).
+This object is what a Beam worker shares between threads and processes (backends/gemma/handler.py).
 Its public methods take and return plain picklable values, because with
 `share_model_across_processes` Beam calls them through a proxy in another process.
 
@@ -14,30 +14,22 @@ decodes only its own new tokens.
 from __future__ import annotations
 
 import functools
-import itertools
 import logging
-import os
 import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
-os.environ.setdefault("KERAS_BACKEND", "jax")  # before keras is imported anywhere in this process
-
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import keras  # noqa: E402
-import numpy as np  # noqa: E402
+import jax
+import jax.numpy as jnp
+import numpy as np
 
 from chatlens.contracts import MAX_REPLY_CHARS, MAX_SUMMARY_CHARS, ChatWindow
-from pipeline.model.analysis import WindowAnalysis, reply_policies, wants_reply
-from pipeline.model.generation import (
-    clean_completion,
-    is_degenerate,
-    length_groups,
-    padded_rows,
-)
-from pipeline.model.tasks import Task
+from pipeline.model.decoding.buckets import length_groups, padded_rows
+from pipeline.model.decoding.state import detokenize, model_state, stateless_scope, token_ids
+from pipeline.model.decoding.step import empty_cache
+from pipeline.model.decoding.text import clean_completion, is_degenerate
+from pipeline.model.types import Task, WindowAnalysis, reply_policies, wants_reply
 from pipeline.prompts import PromptSet, fit_transcript, transcript_lines
 
 log = logging.getLogger(__name__)
@@ -79,8 +71,10 @@ class EngineStats:
     generated_tokens: int = 0
 
 
-class GemmaEngine:
-    """A loaded keras-hub Gemma causal LM with ChatLens's batched tasks on top."""
+class PromptedEngine:
+    """A loaded keras-hub Gemma causal LM (not tuned by ChatLens) with ChatLens's batched tasks on
+    top, prompted once per output. A model tuned by ChatLens gets `one_pass.OnePassEngine`;
+    `backends/gemma/engine.py` picks."""
 
     def __init__(self, causal_lm, model_id: str, prompts: PromptSet, config: EngineConfig = EngineConfig()):
         self.lm = causal_lm
@@ -102,43 +96,16 @@ class GemmaEngine:
         self._overhead_tokens = {task: len(self._encode(prompts.overhead(task))) for task in prompts.templates}
         self._calibration = self._content_free_bias()
 
-    @classmethod
-    def load(cls, spec: str, cache_dir: str | None = None, prompt_variant: str | None = None,
-             config: EngineConfig | None = None, adapter: str | None = None):
-        """The engine for a model spec ('gemma3-270m', a preset directory or handle, + an adapter).
-
-        A model tuned by ChatLens gets the one-pass engine (pipeline/model/one_pass.py). Other
-        models get this prompted engine; its prompt variant follows the model's kind unless
-        given: few-shot completion prompts for pre-trained models, chat-template prompts for
-        instruction-tuned ones.
-        """
-        from pipeline.model.sources import load_causal_lm
-        from pipeline.prompts import load_prompts
-
-        causal_lm, source = load_causal_lm(spec, cache_dir=cache_dir, adapter=adapter)
-        config = config or EngineConfig()
-        if source.tuned:
-            from pipeline.model.one_pass import OnePassEngine
-
-            return OnePassEngine(causal_lm, source.model_id, max_prompt_tokens=config.max_prompt_tokens,
-                                 calibration=source.calibration)
-        variant = prompt_variant or ("chat" if source.instruction_tuned else "completion")
-        return cls(causal_lm, source.model_id, load_prompts(variant), config)
-
     # ---- tokens -------------------------------------------------------------------------
     def tokenize(self, text: str) -> list[int]:
-        ids = self.tokenizer.tokenize(text)
-        return ids.tolist() if hasattr(ids, "tolist") else list(ids)
+        return token_ids(self.tokenizer, text)
 
     def _encode(self, text: str) -> list[int]:
         """Token ids of a whole prompt: BOS first, as Gemma was trained."""
         return [self.tokenizer.start_token_id, *self.tokenize(text)]
 
     def _decode(self, ids: Sequence[int]) -> str:
-        if not ids:
-            return ""
-        text = self.tokenizer.detokenize([list(ids)])[0]
-        return text.decode("utf-8") if isinstance(text, bytes) else str(text)
+        return detokenize(self.tokenizer, ids)
 
     def _single_token_ids(self, labels: Sequence[str]) -> list[int]:
         ids = [self._encode(label)[1:] for label in labels]
@@ -189,10 +156,7 @@ class GemmaEngine:
             log.info("XLA compile #%d: %s batch=%d length=%d", len(self._shapes), kind, batch, length)
 
     def _scope(self, state):
-        """Run keras code on explicit variable values, as keras-hub's own jitted generate does."""
-        trainable, non_trainable = state
-        return keras.StatelessScope(state_mapping=itertools.chain(
-            zip(self.lm.trainable_variables, trainable), zip(self.lm.non_trainable_variables, non_trainable)))
+        return stateless_scope(self.lm, state)
 
     def _build_score_fns(self):
         """Two jitted programs: prefill a shared prompt head once, then score many chats on it.
@@ -204,9 +168,7 @@ class GemmaEngine:
 
         @jax.jit
         def prefill(state, token_ids):
-            shape = (*token_ids.shape, backbone.num_key_value_heads, backbone.head_dim)
-            empty = tuple((jnp.zeros(shape, lm.compute_dtype), jnp.zeros(shape, lm.compute_dtype))
-                          for _ in range(backbone.num_layers))
+            empty = empty_cache(backbone, *token_ids.shape, lm.compute_dtype)
             with self._scope(state):
                 _, _, cache = lm.call_with_cache(token_ids, empty, 0)
             return cache
@@ -230,7 +192,7 @@ class GemmaEngine:
         return prefill, score
 
     def _state(self):
-        return ([v.value for v in self.lm.trainable_variables], [v.value for v in self.lm.non_trainable_variables])
+        return model_state(self.lm)
 
     def _label_probabilities(self, transcripts: Sequence[str]) -> np.ndarray:
         """P(label | sentiment prompt) renormalised over the three labels: one pass per length group."""
@@ -272,9 +234,7 @@ class GemmaEngine:
         def generate(state, token_ids, key_mask, stop_ids, max_new, penalised):
             batch, length = token_ids.shape
             start = length - max_new
-            shape = (batch, length, backbone.num_key_value_heads, backbone.head_dim)
-            cache = tuple((jnp.zeros(shape, lm.compute_dtype), jnp.zeros(shape, lm.compute_dtype))
-                          for _ in range(backbone.num_layers))
+            cache = empty_cache(backbone, batch, length, lm.compute_dtype)
             with self._scope(state):
                 logits, _, cache = lm.call_with_cache(token_ids[:, :start], cache, 0, padding_mask=key_mask)
             rows = jnp.arange(batch)

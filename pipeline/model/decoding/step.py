@@ -27,6 +27,14 @@ import jax.numpy as jnp
 import keras
 import numpy as np
 
+from pipeline import compat
+
+
+def empty_cache(backbone, batch: int, length: int, dtype):
+    """keras-hub's per-layer (key, value) caches, (B, T, K, H), all zeros: what a prefill writes into."""
+    shape = (batch, length, backbone.num_key_value_heads, backbone.head_dim)
+    return tuple((jnp.zeros(shape, dtype), jnp.zeros(shape, dtype)) for _ in range(backbone.num_layers))
+
 
 def to_head_major(cache):
     """keras-hub's per-layer (key, value) caches, (B, T, K, H), as this module's (B, K, T, H)."""
@@ -71,7 +79,7 @@ def attend(attention, weights, x, cache, index, key_mask):
                                   [heads, heads + groups], axis=2)
     if attention.use_query_key_norm:
         query, key = attention.query_norm(query), attention.key_norm(key)
-    query, key = attention._apply_rope(query, index), attention._apply_rope(key, index)
+    query, key = compat.apply_rope(attention, query, index), compat.apply_rope(attention, key, index)
     key = jnp.swapaxes(key, 1, 2).astype(k_cache.dtype)  # (B, K, 1, H)
     value = jnp.swapaxes(value, 1, 2).astype(v_cache.dtype)
     scale = 1 / np.sqrt(attention.head_dim if attention.query_head_dim_normalize

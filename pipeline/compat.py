@@ -1,0 +1,134 @@
+"""Every private keras, keras-hub and Apache Beam name ChatLens uses, in one place.
+
+Upgrading one of these libraries means reading this file, not hunting the code base: each
+entry says which library version it was written for (`PINNED`, as in constraints.txt) and
+what of the library it reaches into, and tests/pipeline/test_compat.py checks each one
+against the installed library, failing with the entry's name when an upgrade moved it.
+Nothing else in pipeline/, app/, cli/, chatlens/, localpubsub/, bench/ or deploy/ may name a
+private keras / keras-hub / Beam name (tests/pipeline/test_compat.py greps for them).
+
+Imports are inside the functions: keras and Beam are heavy, and this module is also read by
+code that needs neither.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+PINNED = {"keras": "3.15.1", "keras-hub": "0.32.0", "apache-beam": "2.77.0"}
+"""The versions every entry below was written for and tested with (constraints.txt)."""
+
+PRIVATE_NAMES = (
+    # keras
+    "keras.src", "global_state", "uninitialized_variables", "_value", "_flatten_layers",
+    # keras-hub
+    "keras_hub.src", "_apply_rope", "_lora_rank", "_lora_enabled_layers",
+    # Beam
+    "_DirectReadFromPubSub", "_PubSubReadEvaluator", "_test_evaluators_overrides", "_from_message",
+    "_applied_ptransform", "_get_subscriber_client", "_sub_name", "_read_from_pubsub", "_infer_output_coder",
+)
+"""What the grep test looks for outside this module (as identifiers, `keras.src` as a prefix)."""
+
+
+# ---- keras (3.15.1) ----------------------------------------------------------------------------
+def settle_deferred_variables(model: Any) -> list[str]:
+    """keras 3.15.1: variables built inside `StatelessScope(initialize_variables=False)` wait on
+    a process-wide list (`keras.src.backend.common.global_state`, "uninitialized_variables")
+    and are initialized when the next top-level stateless scope closes, which refuses any that
+    already hold a value (`Variable._value`). Take those that were assigned off the list and
+    return the paths of `model`'s variables still without a value."""
+    from keras.src.backend.common import global_state
+
+    pending = global_state.get_global_attribute("uninitialized_variables") or []
+    global_state.set_global_attribute("uninitialized_variables", [v for v in pending if v._value is None])
+    return [v.path for v in model.weights if v._value is None]
+
+
+def layers_with_weights(model: Any) -> list:
+    """keras 3.15.1 `Layer._flatten_layers(include_self=False)`, keeping those holding weights:
+    the numbering keras-hub's LoRA adapter files use for their layers (keras-hub 0.32.0
+    `Backbone.save_lora_weights`)."""
+    return [layer for layer in model._flatten_layers(include_self=False) if layer.weights]
+
+
+# ---- keras-hub (0.32.0) ------------------------------------------------------------------------
+def apply_rope(attention: Any, x: Any, index: Any) -> Any:
+    """keras-hub 0.32.0 `CachedGemma3Attention._apply_rope(x, start_index)`: the rotary
+    embedding Gemma 3 applies to queries and keys at positions from `index`."""
+    return attention._apply_rope(x, index)
+
+
+def lora_rank(backbone: Any) -> int | None:
+    """keras-hub 0.32.0 `Backbone._lora_rank` (set by `enable_lora`), None before it."""
+    return getattr(backbone, "_lora_rank", None)
+
+
+def lora_enabled_layers(backbone: Any) -> list[int]:
+    """keras-hub 0.32.0 `Backbone._lora_enabled_layers`: the indices (in `layers_with_weights`
+    order) of the layers `enable_lora` enabled; empty before it."""
+    return list(getattr(backbone, "_lora_enabled_layers", None) or [])
+
+
+# ---- Apache Beam (2.77.0) ----------------------------------------------------------------------
+def read_source(read: Any) -> Any:
+    """Beam 2.77.0 `ReadFromPubSub._source`: the `_PubSubSource` a ReadFromPubSub reads."""
+    return read._source
+
+
+def pubsub_message(received: Any) -> Any:
+    """Beam 2.77.0 `PubsubMessage._from_message`: a PubsubMessage from the client's proto."""
+    from apache_beam.io.gcp.pubsub import PubsubMessage
+
+    return PubsubMessage._from_message(received)
+
+
+@functools.cache
+def direct_pubsub_read_base() -> type:
+    """A base for a Pub/Sub read the BundleBasedDirectRunner evaluates with an evaluator of our
+    own: Beam 2.77.0 `direct_runner._DirectReadFromPubSub`, whose output coder (bytes) is
+    replaced by none (`_infer_output_coder`): it yields PubsubMessage objects."""
+    from apache_beam.runners.direct.direct_runner import _DirectReadFromPubSub
+
+    class DirectPubSubRead(_DirectReadFromPubSub):
+        def _infer_output_coder(self, unused_input_type=None, unused_input_coder=None):
+            return None
+
+    return DirectPubSubRead
+
+
+@functools.cache
+def direct_pubsub_evaluator_base() -> type:
+    """A base for that read's evaluator: Beam 2.77.0 `transform_evaluator._PubSubReadEvaluator`,
+    whose `_read_from_pubsub(timestamp_attribute)` (a list of (timestamp, message)) a subclass
+    gives as `read_messages`, with the transform, the subscription path and the subscriber
+    client under public names."""
+    from apache_beam.runners.direct.transform_evaluator import _PubSubReadEvaluator
+
+    class PubSubReadEvaluator(_PubSubReadEvaluator):
+        @property
+        def transform(self) -> Any:
+            return self._applied_ptransform.transform
+
+        @property
+        def subscription(self) -> str:
+            return self._sub_name
+
+        def subscriber_client(self) -> Any:
+            return self._get_subscriber_client(self._applied_ptransform)
+
+        def _read_from_pubsub(self, timestamp_attribute):
+            return self.read_messages(timestamp_attribute)
+
+        def read_messages(self, timestamp_attribute):  # pragma: no cover - subclasses define it
+            raise NotImplementedError
+
+    return PubSubReadEvaluator
+
+
+def register_direct_evaluator(transform: type, evaluator: type) -> None:
+    """Beam 2.77.0 `TransformEvaluatorRegistry._test_evaluators_overrides`: the process-wide
+    table the BundleBasedDirectRunner consults first for a transform's evaluator."""
+    from apache_beam.runners.direct.transform_evaluator import TransformEvaluatorRegistry
+
+    TransformEvaluatorRegistry._test_evaluators_overrides[transform] = evaluator

@@ -1,0 +1,8 @@
+"""Decoding: from a loaded keras-hub Gemma to labels, summaries and replies.
+
+`one_pass.py` (the engine of a model tuned by ChatLens: the default) and `prompted.py` (any
+other model) on the shared pieces: `step.py` (the one-token step and the caches), `state.py`
+(the stateless-scope helper and the tokenizer), `buckets.py` (batch and length buckets,
+padding), `text.py` (clean-up of generated text), `grounding.py` (numbers only from the
+chat), `calibration.py` (a tuned model's label calibration). See pipeline/model/README.md.
+"""
