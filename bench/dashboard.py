@@ -42,7 +42,6 @@ import asyncio
 import contextlib
 import itertools
 import json
-import math
 import os
 import random
 import shutil
@@ -61,7 +60,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.args import apply_quick, comma_choices  # noqa: E402 - after the path is set
+from bench.helpers import apply_quick, comma_choices, fmt, percentile, say  # noqa: E402 - after the path is set
 
 TRAIN = ROOT / "data" / "train.jsonl"
 USERNAME, PASSWORD = "bench", "bench password, long enough"
@@ -73,14 +72,6 @@ QUICK = {"insights": 200, "chats": 2000, "sse_clients": 5, "sse_insights": 40, "
 
 
 # ---- figures -------------------------------------------------------------------------------
-def percentile(values: list[float], q: float) -> float | None:
-    """Nearest-rank percentile (q in 0..100); None for no values."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[max(0, min(len(ordered) - 1, math.ceil(q / 100 * len(ordered)) - 1))]
-
-
 def r(value: float | None, digits: int = 4) -> float | None:
     return None if value is None else round(value, digits)
 
@@ -89,10 +80,6 @@ def spread(values: list[float]) -> dict:
     """p50/p95/p99/max in seconds, the way every figure here is reported."""
     return {"p50_s": r(percentile(values, 50)), "p95_s": r(percentile(values, 95)),
             "p99_s": r(percentile(values, 99)), "max_s": r(max(values, default=None)), "n": len(values)}
-
-
-def say(text: str) -> None:
-    print(text, file=sys.stderr, flush=True)
 
 
 def bar(total: int, desc: str, unit: str):
@@ -779,10 +766,6 @@ def postgres_database(server_url: str | None) -> Iterator[str]:
 
 
 # ---- output --------------------------------------------------------------------------------
-def fmt(value, digits: int = 2) -> str:
-    return "-" if value is None else f"{value:.{digits}f}"
-
-
 def table(results: dict[str, dict], args: argparse.Namespace) -> str:
     kinds = list(results)
     width = 24

@@ -57,7 +57,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.args import apply_quick, comma_choices  # noqa: E402 - after the path is set
+from bench.helpers import apply_quick, comma_choices, fmt, percentile, say  # noqa: E402 - after the path is set
 from pipeline.model.backends import BACKENDS  # noqa: E402 - light: no Beam, no JAX
 
 PROJECT = "chatlens-bench"
@@ -70,14 +70,6 @@ backend can be benchmarked as it lands (its own options go in --pipeline-args)."
 
 
 # ---- figures -------------------------------------------------------------------------------
-def percentile(values: list[float], q: float) -> float | None:
-    """Nearest-rank percentile (q in 0..100); None for no values."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[max(0, min(len(ordered) - 1, math.ceil(q / 100 * len(ordered)) - 1))]
-
-
 @dataclass
 class Phase:
     stage: str
@@ -546,14 +538,6 @@ class StageRun:
 
 
 # ---- output --------------------------------------------------------------------------------
-def say(text: str) -> None:
-    print(text, file=sys.stderr, flush=True)
-
-
-def fmt(value, digits: int = 2) -> str:
-    return "-" if value is None else f"{value:.{digits}f}"
-
-
 def table(runs: list[StageRun]) -> str:
     header = (f"{'stage':<6} {'phase':<6} {'rate/s':>7} {'secs':>5} {'sent':>5} {'done':>5} {'dead':>4} "
               f"{'thru/s':>7} {'p50 s':>7} {'p95 s':>7} {'p99 s':>7} {'max s':>7} {'backlog':>9} {'growth':>6} "

@@ -67,6 +67,7 @@ def sweep(args: argparse.Namespace) -> None:
     import jax.numpy as jnp
     import numpy as np
 
+    from pipeline.model.decoding.state import stateless_scope
     from pipeline.model.loading.gguf_convert import backbone_from_gguf
     from pipeline.model.training.trainer import LoraTrainer, epoch_batches, steps_per_epoch
     from pipeline.scoring import sentiment_scores
@@ -89,11 +90,7 @@ def sweep(args: argparse.Namespace) -> None:
 
         @jax.jit
         def label_logits(trainable, frozen, batch):
-            import keras
-            import itertools
-            mapping = itertools.chain(zip(backbone.trainable_variables, trainable),
-                                      zip(backbone.non_trainable_variables, frozen))
-            with keras.StatelessScope(state_mapping=mapping):
+            with stateless_scope(backbone, (trainable, frozen)):
                 hidden = backbone({"token_ids": batch.token_ids, "padding_mask": batch.padding_mask})
                 first = hidden[jnp.arange(hidden.shape[0]), batch.label_cols]
                 return backbone.token_embedding(first[None], reverse=True)[0][:, labels]

@@ -15,7 +15,6 @@ from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DEFAULT_PROJECT = "chatlens-local"  # Beam rejects project ids shorter than 6 characters.
-DEFAULT_EMULATOR_HOST = "localhost:8085"
 
 
 @dataclass(frozen=True)

@@ -135,10 +135,6 @@ class Overview:
     oldest_new: datetime | None
     next_up: Chat | None
 
-    @property
-    def open_total(self) -> int:
-        return sum(self.by_status.values())
-
 
 def overview(session: Session, username: str) -> Overview:
     open_chat = Chat.status != "handled"

@@ -82,10 +82,6 @@ class Output:
     def data(self) -> bytes:
         return to_json_bytes(self.message)
 
-    @property
-    def is_insight(self) -> bool:
-        return isinstance(self.message, ChatInsight)
-
 
 @dataclass(frozen=True)
 class MessageEvent:

@@ -433,7 +433,7 @@ def test_tenants_with_their_own_model_get_it(real_handler, second_preset, gemma_
     from dataclasses import replace
 
     stage = replace(real_handler, tenant_models=(("quickbite", str(second_preset)),), max_models_per_worker=2,
-                    reply_for="none")
+                    model_options=replace(real_handler.model_options, reply_for="none"))
     windows = [window_json(f"t-{tenant}-{n}", [("customer", text)], tenant=tenant)
                for n, (tenant, text) in enumerate([("quickbite", "My pizza arrived cold and late."),
                                                    ("telnova", "Thanks, the router works now!"),
@@ -463,7 +463,8 @@ def test_tenants_with_their_own_model_get_it(real_handler, second_preset, gemma_
 @pytest.mark.timeout(900)
 def test_messages_mode_graph_with_the_real_model(real_handler):
     config = PipelineConfig(
-        project="chatlens-test", mode="messages", model=real_handler.model, model_cache=real_handler.cache_dir,
+        project="chatlens-test", mode="messages", model=real_handler.model_options.model,
+        model_cache=real_handler.model_options.model_cache,
         max_batch_size=4, max_batch_duration_secs=0, reply_for="all", session_gap_secs=600, early_fire_count=3,
         early_fire_secs=3600, dedup_ttl_secs=3600, model_sharing="process", model_tag="test-shared-model-2",
     )

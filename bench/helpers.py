@@ -1,8 +1,9 @@
-"""Command-line pieces the benchmarks share."""
+"""What the benchmarks share: command-line pieces, figures and output."""
 
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from collections.abc import Mapping, Sequence
 
@@ -23,3 +24,21 @@ def comma_choices(parser: argparse.ArgumentParser, flag: str, value: str, choice
     if not picked or any(item not in choices for item in picked):
         parser.error(f"{flag}: choose from {', '.join(choices)}")
     return picked
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """Nearest-rank percentile (q in 0..100); None for no values."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[max(0, min(len(ordered) - 1, math.ceil(q / 100 * len(ordered)) - 1))]
+
+
+def say(text: str) -> None:
+    """A progress line on stderr (the figures go to stdout)."""
+    print(text, file=sys.stderr, flush=True)
+
+
+def fmt(value, digits: int = 2) -> str:
+    """A figure for a table: '-' for none."""
+    return "-" if value is None else f"{value:.{digits}f}"
