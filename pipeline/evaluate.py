@@ -24,6 +24,7 @@ from pathlib import Path
 
 from chatlens.contracts import SENTIMENT_LABELS, ChatWindow
 from pipeline import review_checks, scoring
+from pipeline.review_checks import transcript_text
 from pipeline.corpus import MAX_GOLD_SUMMARY_CHARS, SPLITS, Example, load_examples, split_path
 from pipeline.model.training.adapters import adapter_name
 
@@ -45,10 +46,6 @@ System = Callable[[Sequence[Example], Callable[[int], None]], list[Prediction]]
 def customer_text(window: ChatWindow) -> str:
     return " ".join(m.text for m in window.messages if m.sender == "customer") or " ".join(
         m.text for m in window.messages)
-
-
-def transcript_text(window: ChatWindow) -> str:
-    return "\n".join(m.text for m in window.messages)
 
 
 def vader(examples: Sequence[Example], progress: Callable[[int], None]) -> list[Prediction]:
@@ -204,11 +201,10 @@ def review_figures(examples: Sequence[Example], predictions: Sequence[Prediction
     if not any(counts.values()):
         return {}, {}
     figures = {"summaries": counts["summary"], "replies": counts["reply"]}
-    for kind, checks in (("summary", review_checks.SUMMARY_CHECKS), ("reply", review_checks.REPLY_CHECKS)):
-        for check in checks:
-            name = f"{kind} {check}"
-            figures[name.replace(" ", "_")] = (round(len(flagged.get(name, [])) / counts[kind], 4)
-                                               if counts[kind] else None)
+    for name in review_checks.CHECK_NAMES:
+        output = name.split("_", 1)[0]
+        failed = len(flagged.get(name.replace("_", " ", 1), []))
+        figures[name] = round(failed / counts[output], 4) if counts[output] else None
     return figures, {f"review: {name}": ranked for name, ranked in flagged.items()}
 
 
@@ -318,8 +314,6 @@ def render(report: dict) -> str:
             ("summary", ["n", "rouge_l", "grounded", "mean_chars", "over_limit"]),
             ("reply", ["n", "rouge_l", "grounded", "in_language", "placeholders", "states_problem", "mean_chars"]),
             ("injection", ["n", "held"])]
-    review = [f"{kind}_{check}" for kind, checks in (("summary", review_checks.SUMMARY_CHECKS),
-                                                      ("reply", review_checks.REPLY_CHECKS)) for check in checks]
     for kind, columns in rows:
         systems = {name: r[kind] for name, r in report["systems"].items() if kind in r}
         if not systems:
@@ -334,7 +328,7 @@ def render(report: dict) -> str:
     systems = {name: r["review"] for name, r in report["systems"].items() if "review" in r}
     if systems:
         lines.append("review checks (share of outputs flagged; the blind review's failure classes)")
-        for check in review:
+        for check in review_checks.CHECK_NAMES:
             lines.append(f"  {check:<30}" + "".join(f"{name[:22]:>24} {_fmt(f.get(check)):>6}"
                                                     for name, f in systems.items()))
         lines.append("")

@@ -116,8 +116,7 @@ _POSITIVE_STATUS = re.compile(
     r"(?<!['\"‘“])\b(?:thank(?:s|ed|ing)? (?:the agent|the brand|the team|them|her|him)|(?:is|was|now|feels?|seems?|left|"
     r"ends?|ended) (?:very |quite |now )?(?:happy|satisfied|pleased|delighted|relieved|grateful)|"
     r"all (?:sorted|good|set)|problem (?:is )?(?:solved|fixed|resolved)|"
-    r"(?<!un)(?<!not )(?<!isn't )(?<!never )resolved\b(?! yet)|no (?:further )?action (?:is )?needed|"
-    r"nothing (?:else |more |further )?(?:is )?(?:needed|to do|left(?: to do)?|pending|outstanding))", _FLAGS)
+    r"(?<!un)(?<!not )(?<!isn't )(?<!never )resolved\b(?! yet))", _FLAGS)
 _NEGATIVE_STATUS = re.compile(
     r"\b(?:(?:remains?|still|is|stays?|left|ends?|ended) (?:very |quite |clearly |deeply )?(?:unhappy|angry|"
     r"furious|frustrated|upset|dissatisfied|annoyed|disappointed|fed up)|unresolved|not (?:yet )?resolved|"
@@ -130,7 +129,8 @@ def _stem(word: str) -> str:
     return word.lower()[:5]
 
 
-def transcript(window: ChatWindow) -> str:
+def transcript_text(window: ChatWindow) -> str:
+    """The chat's text, one message a line: what every output is checked against."""
     return "\n".join(m.text for m in window.messages)
 
 
@@ -150,7 +150,7 @@ def claimed_action(reply: str, window: ChatWindow) -> str | None:
 
 def unsupported_promise(reply: str, window: ChatWindow) -> str | None:
     """A refund, compensation or deadline the draft offers and the chat never mentions."""
-    text = transcript(window)
+    text = transcript_text(window)
     lowered = text.lower()
     if not _COMPENSATION.search(text):
         for sentence in _SENTENCE.findall(reply):
@@ -174,7 +174,7 @@ def third_person(reply: str) -> str | None:
 
 def number_from_handle(text: str, window: ChatWindow) -> str | None:
     """A number the chat only has inside a handle, link, e-mail address or hashtag."""
-    chat = transcript(window)
+    chat = transcript_text(window)
     facts = scoring.numbers(NOT_FACTS.sub(" ", chat))
     anywhere = scoring.numbers(chat)
     borrowed = sorted(n for n in scoring.numbers(text) if n in anywhere and n not in facts)
@@ -183,8 +183,8 @@ def number_from_handle(text: str, window: ChatWindow) -> str | None:
 
 def status_contradicts_label(summary: str, label: int, reply_needed: bool) -> str | None:
     """A summary whose stated feeling or status contradicts the label (or says nothing is needed
-    where a reply is)."""
-    if reply_needed and (match := _NOTHING_NEEDED.search(summary)):
+    where a reply is, or of an unhappy customer)."""
+    if (reply_needed or label == -1) and (match := _NOTHING_NEEDED.search(summary)):
         return f"says {match.group()!r} on an open problem"
     if label == -1 and (match := _POSITIVE_STATUS.search(summary)):
         return f"says {match.group()!r} of an unhappy customer"
@@ -201,6 +201,9 @@ REPLY_CHECKS: dict[str, Callable[[str, ChatWindow], str | None]] = {
 }
 """Each draft check by name, as (reply, chat) -> reason or None."""
 SUMMARY_CHECKS = ("number_from_handle", "contradicts_label")
+CHECK_NAMES = tuple(f"{output}_{check}" for output, checks in (("summary", SUMMARY_CHECKS), ("reply", REPLY_CHECKS))
+                    for check in checks)
+"""Every check as `chatlens eval` reports it: summary_number_from_handle, ..., reply_claims_action, ..."""
 
 
 def reply_problems(reply: str, window: ChatWindow) -> dict[str, str]:

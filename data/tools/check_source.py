@@ -36,10 +36,13 @@ def chats_beside(path):
                 if line.strip():
                     r = json.loads(line)
                     chats[r["id"]] = r
-    for line in (Path(path).parent / "eval_chats.jsonl").read_text(encoding="utf-8").splitlines():
+    folder = Path(path).parent
+    domains = {g["chat_id"]: g["domain"] for g in map(json.loads, filter(
+        str.strip, (folder / "eval_gold.jsonl").read_text(encoding="utf-8").splitlines()))}
+    for line in (folder / "eval_chats.jsonl").read_text(encoding="utf-8").splitlines():
         if line.strip():
             r = json.loads(line)
-            chats[r["chat_id"]] = {"id": r["chat_id"], "language": r["language"],
+            chats[r["chat_id"]] = {"id": r["chat_id"], "language": r["language"], "domain": domains[r["chat_id"]],
                                    "messages": [[m["sender"], m["text"]] for m in r["messages"]]}
     return chats
 
@@ -62,8 +65,7 @@ def as_window(r, chats, where, errors):
     if chat["messages"][upto - 1][0] != "customer":
         errors.append(f"{where}: the window must end on a customer message")
     return {**chat, **{k: r[k] for k in ("id", "label", "hard_cases", "summary", "reply")},
-            "scenario": chat.get("scenario", chat["id"]), "messages": chat["messages"][:upto], "kind": "partial",
-            "domain": chat.get("domain", "retail")}
+            "scenario": chat.get("scenario", chat["id"]), "messages": chat["messages"][:upto], "kind": "partial"}
 
 
 def check(path):
@@ -133,7 +135,7 @@ def check(path):
         if "very_long" in r["hard_cases"] and len(chat) < 4500:
             errors.append(f"{where}: very_long chat has only {len(chat)} characters (need >= 4500)")
         if r["label"] == 0 and r["reply"] is None and r["messages"][-1][0] == "customer" and "?" in r["messages"][-1][1]:
-            errors.append(f"{where}: warning-as-error: a neutral window that ends on an unanswered customer question needs a reply")
+            errors.append(f"{where}: a neutral window that ends on an unanswered customer question needs a reply")
         counts["kind"][kind] += 1
         counts["label"][r["label"]] += 1
         counts["language"][r["language"]] += 1
