@@ -128,7 +128,7 @@ class SubscriptionQueue:
         self.key_queues: dict[str, KeyQueue] = {}
         self.by_ack_id: dict[str, Entry] = {}
         self.unacked = 0
-        self.latest_first_delivery = -1  # the latest-published message delivered so far (its seq)
+        self.previous_first_delivery = -1  # the seq of the message last delivered for the first time
         self.streams_opened = 0
         self.deleted = False
 

@@ -608,9 +608,9 @@ class Broker:
             return
         if entry.attempts == 1:
             stats["first_deliveries"] += 1
-            if entry.seq < state.latest_first_delivery:
-                stats["out_of_order"] += 1  # delivered for the first time after a later-published one
-            state.latest_first_delivery = max(state.latest_first_delivery, entry.seq)
+            if entry.seq < state.previous_first_delivery:
+                stats["out_of_order"] += 1  # published before the message first delivered just ahead of it
+            state.previous_first_delivery = entry.seq
         worst = self.worst_case
         if (worst is None or state.shuffle is None or state.config.enable_exactly_once_delivery
                 or self._random.random() >= worst.redeliver_share):
@@ -630,8 +630,9 @@ class Broker:
             self._reaper_wakeup.notify()
 
     def delivery_stats(self) -> dict[str, int]:
-        """Deliveries so far, all subscriptions together: first deliveries, those of them that came
-        after a later-published message (out of order), and worst-case mode's spontaneous copies."""
+        """Deliveries so far, all subscriptions together: first deliveries, those of them published
+        before the message first delivered just ahead of them on their subscription (out of order;
+        about half of them in a random order), and worst-case mode's spontaneous copies."""
         with self._lock:
             return dict(self._stats)
 

@@ -35,7 +35,8 @@ from tests.support.remote import MODEL, ChatCompletionsServer
 from chatlens.config import LAYOUT, subscription_path, topic_path
 from chatlens.contracts import ChatInsight, DeadLetter, parse_message
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+# The local Pub/Sub delivers out of order and some messages twice, as production may (issue 32).
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900), pytest.mark.pubsub_worst_case]
 
 WAIT = 600  # seconds: the most any test waits for its results
 
