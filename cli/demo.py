@@ -167,12 +167,15 @@ def run(args: argparse.Namespace) -> int:
 
         source = resolve_model(get_settings().model)
         print(f"model ready: {source.model_id} at {source.preset}")
-        processes.start(Service("pubsub", chatlens_argv("pubsub-emulator", "--port", str(args.port)), restart=True))
+        # its topics, subscriptions and unacked messages are kept in the state directory: a restart,
+        # of the server or of the demo, loses nothing
+        processes.start(Service("pubsub", chatlens_argv("pubsub-emulator", "--port", str(args.port), "--data-dir",
+                                                        str(args.state / "pubsub")), restart=True))
         wait_ready(host, timeout=30)
         os.environ["PUBSUB_EMULATOR_HOST"] = host
         created = ensure_layout(args.project)
         print(f"Pub/Sub server on {host}; project {args.project}: {len(created)} resources created")
-        # its state is in memory: when it comes back empty, the topics and subscriptions are made again
+        # should it come back empty all the same (its directory removed), the layout is made again
         watchdog = pubsub_watchdog(args.project, host).start()
         if args.once:
             print("`make demo` runs: this Pub/Sub server, `chatlens dashboard`, `chatlens pipeline` "

@@ -1,8 +1,12 @@
 """Run a local Pub/Sub server (gRPC, google.pubsub.v1) for development and tests.
 
 Clients reach it with PUBSUB_EMULATOR_HOST=HOST:PORT, like Google's emulator; state
-lives in memory and is lost on exit. SIGTERM or Ctrl-C stops it cleanly: open
+lives in memory and is lost on exit, unless `--data-dir DIR` keeps topics, subscriptions
+and unacked messages there for the next start. SIGTERM or Ctrl-C stops it cleanly: open
 StreamingPull calls end with UNAVAILABLE, so subscribers reconnect to the next one.
+
+`--worst-case` delivers as badly as at-least-once allows (subscriptions without message
+ordering): in a random order, and a share of messages (`--redeliver-share`) twice.
 
 `--check [HOST:PORT]` serves nothing: it waits until a server answers ListTopics
 there (exit 0) or `--timeout` passes (exit 1), as a readiness probe for scripts.
@@ -36,31 +40,60 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=0.0,
         help="end each StreamingPull with UNAVAILABLE after this many seconds, as the real service does (0: never)",
     )
+    parser.add_argument("--data-dir", metavar="DIR",
+                        help="keep topics, subscriptions and unacked messages in DIR across restarts (default: memory)")
+    parser.add_argument("--worst-case", action="store_true",
+                        help="worst-case delivery, as at-least-once allows: subscriptions without message ordering "
+                             "get messages out of order, and some twice")
+    parser.add_argument("--redeliver-share", type=float, default=0.02, metavar="SHARE",
+                        help="with --worst-case, the share of deliveries followed by a second copy (default 0.02)")
+    parser.add_argument("--seed", type=int, help="with --worst-case, the random seed (default: a random one, printed)")
 
 
 def run(args: argparse.Namespace) -> int:
     if args.check is not None:
         return check(args.check or f"{args.host}:{args.port}", args.timeout)
-    return serve(args.host, args.port, stream_max_age=args.stream_max_age or None)
+    worst_case = None
+    if args.worst_case:
+        import random
+
+        from localpubsub.state import WorstCase
+
+        seed = args.seed if args.seed is not None else random.randrange(2**31)
+        try:
+            worst_case = WorstCase(seed=seed, redeliver_share=args.redeliver_share)
+        except ValueError as error:
+            print(f"pubsub-emulator: {error}", file=sys.stderr)
+            return 2
+    return serve(args.host, args.port, stream_max_age=args.stream_max_age or None, worst_case=worst_case,
+                 data_dir=args.data_dir)
 
 
-def serve(host: str, port: int, *, stream_max_age: float | None = None) -> int:
+def serve(host: str, port: int, *, stream_max_age: float | None = None, worst_case=None, data_dir=None) -> int:
     """Serve until SIGTERM or SIGINT."""
     from localpubsub.server import EmulatorServer
 
     stop = threading.Event()
     previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
-    server = EmulatorServer(host, port, stream_max_age=stream_max_age)
     try:
         try:
+            server = EmulatorServer(host, port, stream_max_age=stream_max_age, worst_case=worst_case,
+                                    data_dir=data_dir)
             server.start()
-        except OSError as error:
+        except (OSError, ValueError) as error:
             print(f"pubsub-emulator: {error}", file=sys.stderr)
             return 1
         print(f"Pub/Sub emulator listening on {server.address} (export PUBSUB_EMULATOR_HOST={server.address})", flush=True)
+        if data_dir is not None:
+            print(f"state kept in {data_dir}", flush=True)
+        if worst_case is not None:
+            print(f"worst-case delivery on (seed {worst_case.seed}, redeliver share {worst_case.redeliver_share:g})",
+                  flush=True)
         stop.wait()
         print("Pub/Sub emulator stopping", flush=True)
         server.stop()
+        if worst_case is not None:
+            print(f"worst-case delivery: {server.worst_case_summary()}", flush=True)
         return 0
     finally:
         for sig, handler in previous.items():

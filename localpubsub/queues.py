@@ -9,6 +9,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
+import random
 import threading
 import time
 from collections import deque
@@ -22,9 +23,10 @@ class Entry:
     """One message in one subscription, with the lease of its current delivery."""
 
     READY, LEASED, DONE = range(3)
-    __slots__ = ("seq", "message", "size", "attempts", "state", "ack_id", "deadline", "stream")
+    __slots__ = ("seq", "message", "size", "attempts", "state", "ack_id", "deadline", "stream", "not_before",
+                 "duplicate")
 
-    def __init__(self, seq: int, message, size: int):
+    def __init__(self, seq: int, message, size: int, *, duplicate: bool = False):
         self.seq = seq
         self.message = message  # shared, read-only, between the topic's subscriptions
         self.size = size
@@ -33,6 +35,8 @@ class Entry:
         self.ack_id: str | None = None  # the latest delivery's; stays valid for late acks
         self.deadline = 0.0
         self.stream: Stream | None = None  # whose flow-control window it occupies
+        self.not_before = 0.0  # READY but held back until then (retry policy backoff; a worst-case duplicate)
+        self.duplicate = duplicate  # a worst-case delivery's spontaneous second copy, not the stored message
 
 
 class Batch:
@@ -118,10 +122,13 @@ class SubscriptionQueue:
         self.config = config
         self.cond = threading.Condition(lock)
         self.predicate = predicate
-        self.ready: list[tuple[int, Entry]] = []  # heap on publish sequence: unordered, and free keys' first
+        self.ready: list[tuple[float, int, Entry]] = []  # heap on publish sequence: unordered, and free keys' first
+        self.delayed: list[tuple[float, int, Entry]] = []  # heap on not_before: READY messages held back
+        self.shuffle: random.Random | None = None  # worst-case delivery: a random order instead of publish order
         self.key_queues: dict[str, KeyQueue] = {}
         self.by_ack_id: dict[str, Entry] = {}
         self.unacked = 0
+        self.previous_first_delivery = -1  # the seq of the message last delivered for the first time
         self.streams_opened = 0
         self.deleted = False
 
@@ -150,24 +157,68 @@ class SubscriptionQueue:
             queue.entries.append(entry)
             if queue.delivered == 0:
                 if len(queue.entries) == 1:
-                    heapq.heappush(self.ready, (entry.seq, entry))  # a free key's first message
+                    self._push_ready(entry)  # a free key's first message
             elif queue.next_ready() is entry:
                 queue.holder.ready_keys[key] = None  # follows the key's outstanding ones
             return
-        heapq.heappush(self.ready, (entry.seq, entry))
+        self._push_ready(entry)
+
+    def live_entries(self) -> list[Entry]:
+        """Every message not yet acked: ready, held back, leased, or waiting behind its ordering key."""
+        seen: dict[int, Entry] = {}
+        sources = ([e for _, _, e in self.ready], [e for _, _, e in self.delayed], self.by_ack_id.values(),
+                   *(q.entries for q in self.key_queues.values()))
+        for source in sources:
+            for entry in source:
+                if entry.state != Entry.DONE:
+                    seen[id(entry)] = entry
+        return sorted(seen.values(), key=lambda e: e.seq)
+
+    def _push_ready(self, entry: Entry) -> None:
+        """Into the backlog: by publish sequence, or (worst-case delivery, no ordering) at random."""
+        ordered = self.config.enable_message_ordering and entry.message.ordering_key
+        priority = self.shuffle.random() if self.shuffle is not None and not ordered else entry.seq
+        heapq.heappush(self.ready, (priority, entry.seq, entry))
+
+    def hold_back(self, entry: Entry, not_before: float) -> None:
+        """A READY message that is not to go out before `not_before` (see `promote`)."""
+        entry.not_before = not_before
+        heapq.heappush(self.delayed, (not_before, entry.seq, entry))
+
+    def promote(self, now: float) -> bool:
+        """Release the held-back messages that are due; True if any can now go out."""
+        promoted = False
+        while self.delayed and self.delayed[0][0] <= now:
+            _, _, entry = heapq.heappop(self.delayed)
+            entry.not_before = 0.0
+            if entry.state != Entry.READY:
+                continue  # acked late while held back
+            queue = self._key_queue(entry)
+            if queue is None:
+                self._push_ready(entry)
+            elif queue.holder is None and queue.delivered == 0 and queue.entries and queue.entries[0] is entry:
+                self._push_ready(entry)
+            elif queue.holder is not None and queue.next_ready() is entry:
+                queue.holder.ready_keys[queue.key] = None
+            else:
+                continue
+            promoted = True
+        return promoted
 
     def peek(self, holder: Batch) -> Entry | None:
         """The next message `holder` may lease: its keys' next ones first, then the backlog."""
+        if self.delayed and self.delayed[0][0] <= time.monotonic():
+            self.promote(time.monotonic())
         while holder.ready_keys:
             key = next(iter(holder.ready_keys))
             queue = self.key_queues.get(key)
             entry = queue.next_ready() if queue is not None and queue.holder is holder else None
-            if entry is not None:
+            if entry is not None and not entry.not_before:
                 return entry
-            del holder.ready_keys[key]
-        while self.ready and self.ready[0][1].state != Entry.READY:
+            del holder.ready_keys[key]  # `promote` puts it back once its held-back message is due
+        while self.ready and self.ready[0][2].state != Entry.READY:
             heapq.heappop(self.ready)  # acked late, after its lease expired
-        return self.ready[0][1] if self.ready else None
+        return self.ready[0][2] if self.ready else None
 
     def lease(self, entry: Entry, ack_id: str, holder: Batch, stream: Stream | None) -> None:
         """Lease the entry `peek(holder)` returned, under a new ack id."""
@@ -199,13 +250,20 @@ class SubscriptionQueue:
             stream.outstanding -= 1
             stream.outstanding_bytes -= entry.size
 
-    def release(self, entry: Entry) -> None:
-        """Nack or expiry: ready again, and with ordering every later message of its key sent so far."""
+    def release(self, entry: Entry, not_before: float = 0.0) -> None:
+        """Nack or expiry: ready again, and with ordering every later message of its key sent so far.
+
+        With `not_before` (a retry policy's backoff) it goes out again no earlier than then, and
+        with ordering nothing of its key does either.
+        """
         self.unlease(entry)
         queue = self._key_queue(entry)
         if queue is None:
             entry.state = Entry.READY
-            heapq.heappush(self.ready, (entry.seq, entry))
+            if not_before:
+                self.hold_back(entry, not_before)
+            else:
+                self._push_ready(entry)
             return
         index = queue.entries.index(entry)
         for later in itertools.islice(queue.entries, index, queue.delivered):
@@ -221,7 +279,11 @@ class SubscriptionQueue:
                 self.by_ack_id.pop(later.ack_id, None)
                 later.ack_id = None
         queue.delivered = index
-        if index == 0:
+        if not_before:
+            self.hold_back(entry, not_before)
+            if index == 0:
+                self._free(queue)  # which leaves the held-back first message for `promote`
+        elif index == 0:
             self._free(queue)
         else:
             queue.holder.ready_keys[queue.key] = None
@@ -255,4 +317,5 @@ class SubscriptionQueue:
         if queue.holder is not None:
             queue.holder.ready_keys.pop(queue.key, None)
             queue.holder = None
-        heapq.heappush(self.ready, (queue.entries[0].seq, queue.entries[0]))
+        if not queue.entries[0].not_before:
+            self._push_ready(queue.entries[0])

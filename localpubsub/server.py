@@ -8,7 +8,7 @@ from concurrent import futures
 import grpc
 
 from localpubsub.service import generic_handlers
-from localpubsub.state import Broker
+from localpubsub.state import Broker, WorstCase
 
 log = logging.getLogger("localpubsub.emulator")
 
@@ -20,6 +20,8 @@ class EmulatorServer:
 
     `port=0` picks a free port; `address` then tells which. `broker` holds the state
     and can be seeded (e.g. `server.broker.create_topic(...)`) before `start()`.
+    `worst_case` turns on worst-case delivery (see `state.WorstCase`); `data_dir` keeps
+    topics, subscriptions and unacked messages there across restarts (see `storage`).
     Usable as a context manager.
     """
 
@@ -31,11 +33,14 @@ class EmulatorServer:
         max_workers: int = 128,
         pull_wait: float = 0.75,
         stream_max_age: float | None = None,
+        worst_case: WorstCase | None = None,
+        data_dir=None,
     ):
         self.host = host
         self.port = port
         # Every StreamingPull holds a worker thread; keep some for unary calls.
-        self.broker = Broker(stream_max_age=stream_max_age, max_streams=max(1, max_workers - 16))
+        self.broker = Broker(stream_max_age=stream_max_age, max_streams=max(1, max_workers - 16),
+                             worst_case=worst_case, data_dir=data_dir)
         self._max_workers = max_workers
         self._pull_wait = pull_wait
         self._server: grpc.Server | None = None
@@ -51,6 +56,13 @@ class EmulatorServer:
             raise RuntimeError("EmulatorServer already started")
         if self.broker.closing:
             raise RuntimeError("a stopped EmulatorServer cannot be restarted; create a new one")
+        try:
+            return self._start()
+        except BaseException:
+            self.broker.close()  # lets go of its data directory
+            raise
+
+    def _start(self) -> EmulatorServer:
         server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=self._max_workers, thread_name_prefix="pubsub-emulator"),
             handlers=generic_handlers(self.broker, self._pull_wait),
@@ -84,7 +96,16 @@ class EmulatorServer:
         self.broker.shutdown()
         stopped.wait()
         self.broker.close()
+        if self.broker.worst_case is not None:
+            log.info("worst-case delivery: %s", self.worst_case_summary())
         log.info("Pub/Sub emulator on %s stopped", self.address)
+
+    def worst_case_summary(self) -> str:
+        stats = self.broker.delivery_stats()
+        first = stats["first_deliveries"] or 1
+        return (f"{stats['deliveries']} deliveries, {stats['first_deliveries']} first ones, "
+                f"{stats['out_of_order']} of them out of order ({100 * stats['out_of_order'] / first:.1f}%), "
+                f"{stats['duplicates']} spontaneous redeliveries ({100 * stats['duplicates'] / first:.1f}%)")
 
     def __enter__(self) -> EmulatorServer:
         return self.start()

@@ -14,10 +14,12 @@ import heapq
 import itertools
 import logging
 import math
+import random
 import threading
 import time
 import uuid
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
 import grpc
 from google.protobuf import timestamp_pb2
@@ -34,12 +36,17 @@ from localpubsub.names import (
 )
 from localpubsub.protos import PubsubMessage, PullResponse, StreamingPullResponse, Subscription, Topic
 from localpubsub.queues import Batch, Entry, Stream, SubscriptionQueue
+from localpubsub.storage import Journal
 
 log = logging.getLogger(__name__)
 
 DELETED_TOPIC = "_deleted-topic_"
 MIN_ACK_DEADLINE, MAX_ACK_DEADLINE, DEFAULT_ACK_DEADLINE = 10, 600, 10
 MIN_DELIVERY_ATTEMPTS, MAX_DELIVERY_ATTEMPTS, DEFAULT_DELIVERY_ATTEMPTS = 5, 100, 5
+# RetryPolicy: both backoffs 0-600 s, maximum >= minimum; an empty policy means 10 s and 600 s
+MAX_BACKOFF, DEFAULT_MIN_BACKOFF, DEFAULT_MAX_BACKOFF = 600, 10, 600
+# message_retention_duration: a subscription's 10 min-7 days (7 days unless set), a topic's 10 min-31 days
+MIN_RETENTION, MAX_SUBSCRIPTION_RETENTION, MAX_TOPIC_RETENTION = 600, 7 * 86400, 31 * 86400
 DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE = 100, 1000
 MAX_RESPONSE_MESSAGES = 1000
 MAX_RESPONSE_BYTES = 3 * 1024 * 1024  # clients' channels keep gRPC's 4 MiB receive limit
@@ -65,13 +72,38 @@ _SUBSCRIPTION_UPDATABLE = {
 _SUBSCRIPTION_DELIVERY_CONFIGS = ("push_config", "bigquery_config", "cloud_storage_config", "bigtable_config")
 _TOPIC_UPDATABLE = {"labels", "message_retention_duration", "message_storage_policy", "kms_key_name"}
 
+MIXED_ORDERING_KEYS = ("In a single publish request, all messages must have no ordering key "
+                       "or they must all have the same ordering key.")
+
+
+@dataclass(frozen=True)
+class WorstCase:
+    """Worst-case delivery, as at-least-once allows it, for subscriptions without message ordering:
+    messages go out in a random order (within and across responses, new ones before old ones),
+    and a `redeliver_share` of deliveries is followed by a spontaneous second copy of the message
+    (same message id, its own ack id) within `max_delay` seconds: while the first is still out,
+    or after it was acked. Subscriptions with exactly-once delivery get no copies."""
+
+    seed: int = 0
+    redeliver_share: float = 0.02
+    max_delay: float = 3.0
+
+    def __post_init__(self):
+        if not 0 <= self.redeliver_share <= 1:
+            raise ValueError(f"redeliver_share must be between 0 and 1, not {self.redeliver_share}")
+
 
 class Broker:
     """Topics, subscriptions and message delivery, safe to call from many threads."""
 
-    def __init__(self, *, stream_max_age: float | None = None, max_streams: int = 1000):
+    def __init__(self, *, stream_max_age: float | None = None, max_streams: int = 1000,
+                 worst_case: WorstCase | None = None, data_dir=None):
         self.stream_max_age = stream_max_age
         self.max_streams = max_streams
+        self.worst_case = worst_case
+        self._random = random.Random(worst_case.seed) if worst_case is not None else None
+        # Deliveries by kind, for tests and the worst-case figures (see `delivery_stats`).
+        self._stats = {"deliveries": 0, "first_deliveries": 0, "out_of_order": 0, "duplicates": 0}
         self._lock = threading.Lock()
         self._topics: dict[str, Topic] = {}
         self._topic_subscriptions: dict[str, set[str]] = {}
@@ -90,6 +122,14 @@ class Broker:
         # server that was restarted on the same port cannot ack someone else's message.
         self._ack_prefix = uuid.uuid4().hex[:8]
         self._sequence = itertools.count()
+        self._journal: Journal | None = None
+        if data_dir is not None:
+            self._journal = Journal(data_dir)
+            try:
+                self._restore()
+            except BaseException:
+                self._journal.close()
+                raise
 
     # Lifecycle -------------------------------------------------------------------
 
@@ -112,10 +152,50 @@ class Broker:
         self.shutdown()
         if self._reaper is not None:
             self._reaper.join(timeout=5)
+        with self._lock:
+            if self._journal is not None:
+                self._journal.close()
 
     @property
     def closing(self) -> bool:
         return self._closing
+
+    # State on disk ---------------------------------------------------------------
+
+    def _restore(self) -> None:
+        """Load the data directory's topics, subscriptions and unacked messages (all ready to go out)."""
+        snapshot = self._journal.load()
+        with self._lock:
+            for topic in snapshot.topics.values():
+                self._topics[topic.name] = topic
+                self._topic_subscriptions[topic.name] = set()
+            for config in snapshot.subscriptions.values():
+                if config.topic not in self._topics:
+                    config.topic = DELETED_TOPIC
+                self._add_subscription(config, compile_filter(config.filter))
+            highest = 0
+            for message, names in snapshot.messages():
+                self._enqueue(message, [self._subscriptions[name] for name in names])
+                highest = max(highest, int(message.message_id))
+            self._message_ids = itertools.count(max(time.time_ns() // 1000, highest + 1))
+            self._compact()
+            restored = sum(state.unacked for state in self._subscriptions.values())
+        log.info("restored %d topics, %d subscriptions and %d unacked messages from %s", len(self._topics),
+                 len(self._subscriptions), restored, self._journal.directory)
+
+    def _compact(self) -> None:
+        """Rewrite the journal as the live state alone."""
+        messages: dict[str, tuple[PubsubMessage, list[str]]] = {}
+        for state in self._subscriptions.values():
+            for entry in state.live_entries():
+                if not entry.duplicate:
+                    messages.setdefault(entry.message.message_id, (entry.message, []))[1].append(state.name)
+        live = [messages[i] for i in sorted(messages, key=int)]
+        self._journal.rewrite(self._topics.values(), (s.config for s in self._subscriptions.values()), live)
+
+    def _maybe_compact(self) -> None:
+        if self._journal.needs_rewrite(sum(state.unacked for state in self._subscriptions.values())):
+            self._compact()
 
     # Topics ----------------------------------------------------------------------
 
@@ -124,6 +204,7 @@ class Broker:
         for field in ("schema_settings", "ingestion_data_source_settings"):
             if topic.HasField(field):
                 raise unimplemented(f"Topic {field}")
+        _check_retention(topic, MAX_TOPIC_RETENTION, "topic")
         with self._lock:
             if topic.name in self._topics:
                 raise EmulatorError(grpc.StatusCode.ALREADY_EXISTS, f"Topic already exists (resource={topic.name})")
@@ -131,6 +212,8 @@ class Broker:
             stored.CopyFrom(topic)
             self._topics[topic.name] = stored
             self._topic_subscriptions[topic.name] = set()
+            if self._journal is not None:
+                self._journal.topic(stored)
             return _copy(stored)
 
     def get_topic(self, name: str) -> Topic:
@@ -142,8 +225,12 @@ class Broker:
         check_resource(topic.name, "topics")
         _check_mask(update_mask, _TOPIC_UPDATABLE, "topic")
         with self._lock:
-            stored = self._topic(topic.name)
+            stored = _copy(self._topic(topic.name))
             update_mask.MergeMessage(topic, stored, replace_message_field=True, replace_repeated_field=True)
+            _check_retention(stored, MAX_TOPIC_RETENTION, "topic")
+            self._topics[topic.name] = stored
+            if self._journal is not None:
+                self._journal.topic(stored)
             return _copy(stored)
 
     def delete_topic(self, name: str) -> None:
@@ -151,8 +238,13 @@ class Broker:
         with self._lock:
             self._topic(name)
             del self._topics[name]
+            if self._journal is not None:
+                self._journal.delete_topic(name)
             for subscription_name in self._topic_subscriptions.pop(name):
-                self._subscriptions[subscription_name].config.topic = DELETED_TOPIC
+                config = self._subscriptions[subscription_name].config
+                config.topic = DELETED_TOPIC
+                if self._journal is not None:
+                    self._journal.subscription(config)
 
     def list_topics(self, project: str, page_size: int = 0, page_token: str = "") -> tuple[list[Topic], str]:
         project_id = check_project(project)
@@ -183,9 +275,18 @@ class Broker:
                 )
             self._topic(config.topic)
             self._normalize_subscription(config)
-            self._subscriptions[config.name] = SubscriptionQueue(config, self._lock, predicate)
-            self._topic_subscriptions[config.topic].add(config.name)
+            self._add_subscription(config, predicate)
+            if self._journal is not None:
+                self._journal.subscription(config)
             return _copy(config)
+
+    def _add_subscription(self, config, predicate) -> SubscriptionQueue:
+        state = self._subscriptions[config.name] = SubscriptionQueue(config, self._lock, predicate)
+        if self._random is not None and not config.enable_message_ordering:
+            state.shuffle = self._random
+        if config.topic != DELETED_TOPIC:
+            self._topic_subscriptions[config.topic].add(config.name)
+        return state
 
     def get_subscription(self, name: str) -> Subscription:
         check_resource(name, "subscriptions")
@@ -201,6 +302,8 @@ class Broker:
             update_mask.MergeMessage(subscription, config, replace_message_field=True, replace_repeated_field=True)
             self._normalize_subscription(config)
             state.config = config
+            if self._journal is not None:
+                self._journal.subscription(config)
             state.cond.notify_all()
             return _copy(config)
 
@@ -211,6 +314,8 @@ class Broker:
             state.deleted = True
             del self._subscriptions[name]
             self._topic_subscriptions.get(state.config.topic, set()).discard(name)
+            if self._journal is not None:
+                self._journal.delete_subscription(name)
             state.cond.notify_all()
 
     def list_subscriptions(self, project: str, page_size: int = 0, page_token: str = "") -> tuple[list, str]:
@@ -229,6 +334,9 @@ class Broker:
             raise invalid("The request must contain at least one message")
         if any(not m.data and not m.attributes for m in messages):
             raise invalid("Some messages contain neither data nor attributes")
+        if len({m.ordering_key for m in messages}) > 1:
+            # The service's answer (the client libraries batch per ordering key for this reason).
+            raise EmulatorError(grpc.StatusCode.FAILED_PRECONDITION, MIXED_ORDERING_KEYS)
         _check_publish_limits(messages)
         with self._lock:
             if self._closing:
@@ -239,20 +347,32 @@ class Broker:
         now = timestamp_pb2.Timestamp()
         now.GetCurrentTime()
         subscriptions = [self._subscriptions[n] for n in self._topic_subscriptions[topic]]
-        ids = []
+        ids, journal = [], []
         for original in messages:
             message = PubsubMessage()
             message.CopyFrom(original)
             message.message_id = str(next(self._message_ids))
             message.publish_time.CopyFrom(now)
-            size = message.ByteSize()
             ids.append(message.message_id)
-            for subscription in subscriptions:
-                if subscription.accepts(message):
-                    subscription.enqueue(Entry(next(self._sequence), message, size))
+            names = self._enqueue(message, subscriptions)
+            if names:
+                journal.append((message, names))
+        if self._journal is not None:
+            self._journal.publish(journal)
+            self._maybe_compact()
         for subscription in subscriptions:
             subscription.cond.notify_all()
         return ids
+
+    def _enqueue(self, message, subscriptions: Iterable[SubscriptionQueue]) -> list[str]:
+        """Add `message` to those of `subscriptions` whose filter it passes; return their names."""
+        size = message.ByteSize()
+        names = []
+        for subscription in subscriptions:
+            if subscription.accepts(message):
+                subscription.enqueue(Entry(next(self._sequence), message, size))
+                names.append(subscription.name)
+        return names
 
     # Pull, ack, nack -------------------------------------------------------------
 
@@ -292,7 +412,9 @@ class Broker:
         _check_modack_seconds([seconds])
         with self._lock:
             state = self._subscription(subscription)
-            self._modify(state, ack_ids, [seconds] * len(ack_ids))
+            rejected = self._modify(state, ack_ids, [seconds] * len(ack_ids))
+        if rejected and state.config.enable_exactly_once_delivery:
+            raise _ack_id_failure(rejected)
 
     # Streaming pull --------------------------------------------------------------
 
@@ -426,6 +548,31 @@ class Broker:
                     f"Invalid max_delivery_attempts ({policy.max_delivery_attempts}); "
                     f"it must be between {MIN_DELIVERY_ATTEMPTS} and {MAX_DELIVERY_ATTEMPTS}"
                 )
+        if config.HasField("retry_policy"):
+            retry = config.retry_policy
+            if not retry.HasField("minimum_backoff"):
+                retry.minimum_backoff.seconds = DEFAULT_MIN_BACKOFF
+            if not retry.HasField("maximum_backoff"):
+                retry.maximum_backoff.seconds = DEFAULT_MAX_BACKOFF
+            low, high = _seconds(retry.minimum_backoff), _seconds(retry.maximum_backoff)
+            for name, value in (("minimum_backoff", low), ("maximum_backoff", high)):
+                if not 0 <= value <= MAX_BACKOFF:
+                    raise invalid(f"Invalid retry_policy.{name} ({value:g}s); it must be between 0s and {MAX_BACKOFF}s")
+            if high < low:
+                raise invalid(f"Invalid retry_policy: maximum_backoff ({high:g}s) must not be less than "
+                              f"minimum_backoff ({low:g}s)")
+        if not config.HasField("message_retention_duration"):
+            config.message_retention_duration.seconds = MAX_SUBSCRIPTION_RETENTION
+        _check_retention(config, MAX_SUBSCRIPTION_RETENTION, "subscription")
+
+    def _backoff(self, state: SubscriptionQueue, entry: Entry) -> float:
+        """Seconds a nacked or expired message waits before it goes out again: none without a
+        retry policy, else exponential in its deliveries, from minimum_backoff up to maximum_backoff."""
+        if not state.config.HasField("retry_policy"):
+            return 0.0
+        retry = state.config.retry_policy
+        low, high = _seconds(retry.minimum_backoff), _seconds(retry.maximum_backoff)
+        return min(high, low * 2 ** min(max(entry.attempts - 1, 0), 30))
 
     def _lease(self, state: SubscriptionQueue, out, limit: int, ack_deadline: int, stream: Stream | None) -> None:
         """Lease ready messages into `out`, a repeated ReceivedMessage field."""
@@ -445,11 +592,49 @@ class Broker:
             if stream is not None and not stream.fits(entry):
                 break
             state.lease(entry, f"{self._ack_prefix}-{next(self._ack_ids)}", holder, stream)
+            self._count_delivery(state, entry, now)
             self._set_deadline(state, entry, now + ack_deadline)
             received = out.add(ack_id=entry.ack_id, delivery_attempt=entry.attempts if count_attempts else 0)
             received.message.CopyFrom(entry.message)
             taken += 1
             used_bytes += entry.size
+
+    def _count_delivery(self, state: SubscriptionQueue, entry: Entry, now: float) -> None:
+        """Count the delivery; in worst-case mode, maybe follow it with a spontaneous second copy."""
+        stats = self._stats
+        stats["deliveries"] += 1
+        if entry.duplicate:
+            stats["duplicates"] += 1
+            return
+        if entry.attempts == 1:
+            stats["first_deliveries"] += 1
+            if entry.seq < state.previous_first_delivery:
+                stats["out_of_order"] += 1  # published before the message first delivered just ahead of it
+            state.previous_first_delivery = entry.seq
+        worst = self.worst_case
+        if (worst is None or state.shuffle is None or state.config.enable_exactly_once_delivery
+                or self._random.random() >= worst.redeliver_share):
+            return
+        copy = Entry(next(self._sequence), entry.message, entry.size, duplicate=True)
+        state.unacked += 1
+        self._hold_back(state, copy, now + self._random.uniform(0, worst.max_delay))
+
+    def _hold_back(self, state: SubscriptionQueue, entry: Entry, not_before: float) -> None:
+        """Keep a READY message back until `not_before`; the reaper wakes its receivers then."""
+        state.hold_back(entry, not_before)
+        self._set_timer(state, not_before)
+
+    def _set_timer(self, state: SubscriptionQueue, due: float) -> None:
+        heapq.heappush(self._deadlines, (due, next(self._sequence), state, None, None))
+        if due < self._reaper_due:
+            self._reaper_wakeup.notify()
+
+    def delivery_stats(self) -> dict[str, int]:
+        """Deliveries so far, all subscriptions together: first deliveries, those of them published
+        before the message first delivered just ahead of them on their subscription (out of order;
+        about half of them in a random order), and worst-case mode's spontaneous copies."""
+        with self._lock:
+            return dict(self._stats)
 
     def _set_deadline(self, state: SubscriptionQueue, entry: Entry, deadline: float) -> None:
         entry.deadline = deadline
@@ -460,7 +645,7 @@ class Broker:
     def _ack(self, state: SubscriptionQueue, ack_ids: Iterable[str]) -> list[str]:
         """Ack what the ids name; return the ids that name no outstanding delivery (unknown,
         already acked, or superseded by a redelivery): ignored, except with exactly-once delivery."""
-        changed, rejected = False, []
+        changed, rejected, acked = False, [], []
         for ack_id in ack_ids:
             entry = state.by_ack_id.get(ack_id)
             if entry is None or (state.config.enable_exactly_once_delivery and entry.state != Entry.LEASED):
@@ -468,17 +653,24 @@ class Broker:
                 continue
             state.unlease(entry)
             state.finish(entry)
+            acked.append(entry.message.message_id)
             changed = True
         if changed:
+            if self._journal is not None:
+                self._journal.ack(state.name, acked)
+                self._maybe_compact()
             state.cond.notify_all()
         return rejected
 
-    def _modify(self, state: SubscriptionQueue, ack_ids: Sequence[str], seconds: Sequence[int]) -> None:
+    def _modify(self, state: SubscriptionQueue, ack_ids: Sequence[str], seconds: Sequence[int]) -> list[str]:
+        """Extend or end leases; return the ack ids that name no outstanding delivery (ignored,
+        except with exactly-once delivery, where the service fails them as for acks)."""
         now = time.monotonic()
-        changed = False
+        changed, rejected = False, []
         for ack_id, delay in zip(ack_ids, seconds):
             entry = state.by_ack_id.get(ack_id)
             if entry is None or entry.state != Entry.LEASED or entry.ack_id != ack_id:
+                rejected.append(ack_id)
                 continue
             if delay == 0:
                 self._redeliver(state, entry)
@@ -487,6 +679,7 @@ class Broker:
                 self._set_deadline(state, entry, now + delay)
         if changed:
             state.cond.notify_all()
+        return rejected
 
     def _apply_stream_request(self, stream: Stream, request) -> None:
         state = stream.subscription
@@ -503,9 +696,15 @@ class Broker:
         policy = state.config.dead_letter_policy
         dead = bool(policy.dead_letter_topic) and entry.attempts >= policy.max_delivery_attempts
         dead = dead and self._dead_letter(state, entry)
-        state.release(entry)
+        backoff = 0.0 if dead else self._backoff(state, entry)
+        not_before = time.monotonic() + backoff if backoff > 0 else 0.0
+        state.release(entry, not_before)
+        if not_before:
+            self._set_timer(state, not_before)
         if dead:
             state.discard(entry)
+            if self._journal is not None and not entry.duplicate:
+                self._journal.ack(state.name, [entry.message.message_id])
 
     def _dead_letter(self, state: SubscriptionQueue, entry: Entry) -> bool:
         topic = state.dead_letter_topic
@@ -533,6 +732,10 @@ class Broker:
                 touched = set()
                 while self._deadlines and self._deadlines[0][0] <= now:
                     deadline, _, state, entry, ack_id = heapq.heappop(self._deadlines)
+                    if entry is None:  # a timer: held-back messages are due
+                        if not state.deleted and state.promote(now):
+                            touched.add(state)
+                        continue
                     current = entry.state == Entry.LEASED and entry.ack_id == ack_id and entry.deadline == deadline
                     if current and not state.deleted:
                         self._redeliver(state, entry)
@@ -542,6 +745,19 @@ class Broker:
                 self._reaper_due = self._deadlines[0][0] if self._deadlines else math.inf
                 timeout = None if self._reaper_due == math.inf else self._reaper_due - now
                 self._reaper_wakeup.wait(timeout)
+
+
+def _seconds(duration) -> float:
+    return duration.seconds + duration.nanos / 1e9
+
+
+def _check_retention(resource, maximum: int, kind: str) -> None:
+    if not resource.HasField("message_retention_duration"):
+        return
+    value = _seconds(resource.message_retention_duration)
+    if not MIN_RETENTION <= value <= maximum:
+        raise invalid(f"Invalid message_retention_duration ({value:g}s) for a {kind}; "
+                      f"it must be between {MIN_RETENTION}s (10 minutes) and {maximum}s ({maximum // 86400} days)")
 
 
 def _copy(message):

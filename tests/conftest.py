@@ -16,15 +16,28 @@ pytest_plugins = ["tests.support.models"]
 
 
 @pytest.fixture
-def pubsub_server():
+def pubsub_server(request):
     """A fresh in-process Pub/Sub emulator on a free port; yields its "host:port".
 
     Point clients at it with `monkeypatch.setenv("PUBSUB_EMULATOR_HOST", pubsub_server)`.
+    Under `@pytest.mark.pubsub_worst_case` it delivers as badly as at-least-once allows
+    (localpubsub.state.WorstCase: out of order, 2% of messages twice); the seed is printed,
+    and CHATLENS_TEST_PUBSUB_SEED replays one.
     """
-    from localpubsub.emulator import EmulatorServer
+    import random
 
-    with EmulatorServer("localhost", 0) as server:
+    from localpubsub.emulator import EmulatorServer
+    from localpubsub.state import WorstCase
+
+    worst_case = None
+    if request.node.get_closest_marker("pubsub_worst_case"):
+        seed = int(os.environ.get("CHATLENS_TEST_PUBSUB_SEED") or random.randrange(2**31))
+        worst_case = WorstCase(seed=seed)
+        print(f"\nPub/Sub worst-case delivery, seed {seed} (CHATLENS_TEST_PUBSUB_SEED={seed} replays it)")
+    with EmulatorServer("localhost", 0, worst_case=worst_case) as server:
         yield server.address
+        if worst_case is not None:
+            print(f"\nPub/Sub worst-case delivery (seed {seed}): {server.worst_case_summary()}")
 
 
 @pytest.fixture

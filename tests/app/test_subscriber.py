@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 
 import pytest
@@ -22,6 +23,9 @@ from chatlens.config import DEFAULT_PROJECT, LAYOUT, topic_path
 from chatlens.contracts import DeadLetter
 from localpubsub.admin import ensure_layout
 from localpubsub.server import EmulatorServer
+
+# The local Pub/Sub delivers out of order and some messages twice, as production may (issue 32).
+pytestmark = pytest.mark.pubsub_worst_case
 
 INSIGHTS = topic_path(DEFAULT_PROJECT, LAYOUT.insights_topic)
 DEAD_LETTERS = topic_path(DEFAULT_PROJECT, LAYOUT.deadletter_topic)
@@ -60,14 +64,20 @@ def test_500_insights_with_100_redelivered_duplicates_give_500_rows(tmp_path, em
     app = create_app(dashboard_settings(sqlite_url(tmp_path), emulator=emulator))
     with TestClient(app) as client:
         status = lambda: app.state.ctx.subscribers[0].status()  # noqa: E731
-        wait_until(lambda: status().received >= 600, 60, message="600 deliveries")
-        assert rows(app) == 500
-        assert status().outcomes == {"stored": 500, "duplicate": 100, "invalid": 0, "failed": 0}
+        # 600 deliveries at least: the server may add copies of its own (worst-case delivery), which are
+        # duplicates too; whatever comes, 500 rows
+        wait_until(lambda: rows(app) == 500 and sum(status().outcomes.values()) >= 600, 60, message="600 deliveries")
+        outcomes = status().outcomes
+        assert outcomes["stored"] == 500 and outcomes["duplicate"] >= 100
+        assert outcomes["invalid"] == outcomes["failed"] == 0
         assert client.get("/readyz").json()["feed"] == "running"
         metrics = client.get("/metrics").text
         assert "chatlens_dashboard_insights_received_total 500" in metrics
-        assert 'chatlens_dashboard_messages_received_total{outcome="duplicate",subscriber="insights"} 100' in metrics
+        duplicates = re.search(r'chatlens_dashboard_messages_received_total\{outcome="duplicate",subscriber="insights"\} '
+                               r'(\d+)', metrics)
+        assert duplicates and int(duplicates.group(1)) >= 100
         assert "chatlens_dashboard_insights_stored 500" in metrics
+        assert rows(app) == 500
 
 
 def test_stopping_mid_stream_and_starting_again_loses_nothing(tmp_path, emulator, publish):
@@ -102,8 +112,11 @@ def test_bad_messages_and_dead_letters_are_kept_for_the_errors_view(tmp_path, em
         assert rows(app, ErrorEvent, ErrorEvent.chat_id == "c-8") == 1
         time.sleep(1.5)  # a nacked message would be back by now: each must have come exactly once
         insights_status, letters_status = (s.status() for s in app.state.ctx.subscribers)
-        assert insights_status.outcomes["invalid"] == 2 and insights_status.received == 3
-        assert letters_status.outcomes == {"stored": 1, "duplicate": 0, "invalid": 1, "failed": 0}
+        # (and any copy the server sent of its own, worst-case delivery, counts as a duplicate)
+        assert rows(app, ErrorEvent) == 4 and rows(app) == 1
+        assert insights_status.outcomes["invalid"] == 2 and insights_status.outcomes["stored"] == 1
+        assert insights_status.received == 3 + insights_status.outcomes["duplicate"]
+        assert {**letters_status.outcomes, "duplicate": 0} == {"stored": 1, "duplicate": 0, "invalid": 1, "failed": 0}
 
 
 def test_subscriber_reconnects_after_the_pubsub_server_restarts(tmp_path):

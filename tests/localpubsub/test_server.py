@@ -607,7 +607,7 @@ def test_publish_limits_are_the_services(clients):
             pytest.fail(f"{what} was accepted")
     # and exactly at the limits, accepted
     at_limits = [{"data": b"x", "attributes": {"k" * 256: "v" * 1024, **{f"k{i}": "v" for i in range(99)}},
-                  "ordering_key": "o" * 1024}] + [{"data": b"x"}] * 999
+                  "ordering_key": "o" * 1024}] + [{"data": b"x", "ordering_key": "o" * 1024}] * 999
     assert len(publish(topic=topic, messages=at_limits, timeout=60).message_ids) == 1000
 
 
@@ -649,6 +649,265 @@ def test_exactly_once_rejects_superseded_ack_ids(clients):
     stale = subscriber.pull(subscription=plain, max_messages=1, timeout=10).received_messages[0]
     subscriber.acknowledge(subscription=plain, ack_ids=[stale.ack_id])
     subscriber.acknowledge(subscription=plain, ack_ids=[stale.ack_id])
+
+
+def test_exactly_once_rejects_a_stale_modify_ack_deadline(clients):
+    """A deadline change or nack with an ack id that a redelivery replaced fails on an exactly-once
+    subscription as an ack does (issue 32): the unary call, and the stock client's per-message futures."""
+    from google.cloud.pubsub_v1.subscriber.exceptions import AcknowledgeError, AcknowledgeStatus
+    from google.rpc import error_details_pb2
+    from grpc_status import rpc_status
+
+    topic = clients.topic()
+    subscription = clients.subscription(topic, enable_exactly_once_delivery=True)
+    plain = clients.subscription(topic)
+    clients.publisher.publish(topic, b"once").result(timeout=10)
+    subscriber = clients.subscriber
+    first = pull_one(clients, subscription)
+    subscriber.modify_ack_deadline(subscription=subscription, ack_ids=[first.ack_id], ack_deadline_seconds=0)
+    second = pull_one(clients, subscription)
+    for seconds, ack_ids in ((30, [first.ack_id, second.ack_id]), (0, [first.ack_id])):
+        with pytest.raises(exceptions.InvalidArgument) as refused:
+            subscriber.modify_ack_deadline(subscription=subscription, ack_ids=ack_ids, ack_deadline_seconds=seconds)
+        info = error_details_pb2.ErrorInfo()
+        assert rpc_status.from_call(refused.value.response).details[0].Unpack(info)
+        assert dict(info.metadata) == {first.ack_id: "PERMANENT_FAILURE_INVALID_ACK_ID"}  # only the stale one
+    subscriber.acknowledge(subscription=subscription, ack_ids=[second.ack_id])
+    # without exactly-once, a stale id is ignored, as the service does
+    stale = pull_one(clients, plain)
+    subscriber.modify_ack_deadline(subscription=plain, ack_ids=[stale.ack_id], ack_deadline_seconds=0)
+    subscriber.modify_ack_deadline(subscription=plain, ack_ids=[stale.ack_id], ack_deadline_seconds=30)
+
+    # The stock streaming subscriber: a message whose lease was ended behind its back fails its nack.
+    received = queue.Queue()
+    future = subscriber.subscribe(subscription, received.put)
+    try:
+        clients.publisher.publish(topic, b"streamed").result(timeout=10)
+        held = received.get(timeout=20)
+        subscriber.modify_ack_deadline(subscription=subscription, ack_ids=[held.ack_id], ack_deadline_seconds=0)
+        again = received.get(timeout=20)
+        assert again.message_id == held.message_id
+        with pytest.raises(AcknowledgeError) as failed:
+            held.nack_with_response().result(timeout=10)
+        assert failed.value.error_code == AcknowledgeStatus.INVALID_ACK_ID
+        assert again.ack_with_response().result(timeout=10) == AcknowledgeStatus.SUCCESS
+    finally:
+        future.cancel()
+
+
+def test_retry_policy_backs_off_redeliveries_exponentially(clients):
+    """After a nack (or an expired lease) a message waits its retry policy's backoff, doubling per
+    delivery from minimum_backoff up to maximum_backoff; with ordering, its key's later ones wait too."""
+    topic = clients.topic()
+    policy = {"minimum_backoff": {"nanos": 400_000_000}, "maximum_backoff": {"nanos": 800_000_000}}
+    subscription = clients.subscription(topic, retry_policy=policy)
+    clients.publisher.publish(topic, b"retry").result(timeout=10)
+    subscriber = clients.subscriber
+    attempt = pull_one(clients, subscription)
+    waits = []
+    for _ in range(3):
+        nacked = time.monotonic()
+        subscriber.modify_ack_deadline(subscription=subscription, ack_ids=[attempt.ack_id], ack_deadline_seconds=0)
+        attempt = pull_one(clients, subscription)
+        waits.append(time.monotonic() - nacked)
+    subscriber.acknowledge(subscription=subscription, ack_ids=[attempt.ack_id])
+    assert 0.4 <= waits[0] < 0.75 and 0.8 <= waits[1] < 1.3 and 0.8 <= waits[2] < 1.3, waits  # 0.4, 0.8, capped
+
+    # an expired lease backs off too
+    clients.publisher.publish(topic, b"expire").result(timeout=10)
+    leased = pull_one(clients, subscription)
+    subscriber.modify_ack_deadline(subscription=subscription, ack_ids=[leased.ack_id], ack_deadline_seconds=1)
+    started = time.monotonic()
+    pull_one(clients, subscription)
+    assert time.monotonic() - started >= 1.4  # 1 s lease + 0.4 s backoff
+
+    ordered = Clients(ordered=True)
+    try:
+        keyed = ordered.subscription(topic, enable_message_ordering=True, retry_policy=policy)
+        for data in (b"k1", b"k2"):
+            ordered.publisher.publish(topic, data, ordering_key="k")
+        ordered.publisher.publish(topic, b"k3", ordering_key="k").result(timeout=10)
+        batch = ordered.subscriber.pull(subscription=keyed, max_messages=10, timeout=10).received_messages
+        assert [m.message.data for m in batch] == [b"k1", b"k2", b"k3"]
+        nacked = time.monotonic()
+        ordered.subscriber.modify_ack_deadline(subscription=keyed, ack_ids=[batch[1].ack_id], ack_deadline_seconds=0)
+        ordered.subscriber.acknowledge(subscription=keyed, ack_ids=[batch[0].ack_id])
+        again = []
+        while len(again) < 2:
+            again += ordered.subscriber.pull(subscription=keyed, max_messages=10, timeout=10).received_messages
+        assert time.monotonic() - nacked >= 0.4
+        assert [m.message.data for m in again] == [b"k2", b"k3"]
+    finally:
+        ordered.close()
+
+
+def test_retry_policy_and_retention_bounds_are_the_services(clients):
+    topic = clients.topic()
+    subscriber = clients.subscriber
+
+    def create(**settings):
+        return subscriber.create_subscription(request={"name": subscription_path(PROJECT, unique("sub")),
+                                                       "topic": topic, **settings})
+
+    refused = {
+        "minimum_backoff 601 s": {"retry_policy": {"minimum_backoff": {"seconds": 601}}},
+        "maximum_backoff 601 s": {"retry_policy": {"maximum_backoff": {"seconds": 601}}},
+        "a negative backoff": {"retry_policy": {"minimum_backoff": {"seconds": -1}}},
+        "maximum below minimum": {"retry_policy": {"minimum_backoff": {"seconds": 20}, "maximum_backoff": {"seconds": 15}}},
+        "retention of 9 minutes": {"message_retention_duration": {"seconds": 540}},
+        "retention of 8 days": {"message_retention_duration": {"seconds": 8 * 86400}},
+    }
+    for what, settings in refused.items():
+        with pytest.raises(exceptions.InvalidArgument):
+            create(**settings)
+            pytest.fail(f"{what} was accepted")
+    defaults = create(retry_policy={})
+    assert (defaults.retry_policy.minimum_backoff.total_seconds(), defaults.retry_policy.maximum_backoff.total_seconds(),
+            defaults.message_retention_duration.total_seconds()) == (10, 600, 7 * 86400)
+    at_limits = create(retry_policy={"minimum_backoff": {"seconds": 600}, "maximum_backoff": {"seconds": 600}},
+                       message_retention_duration={"seconds": 600})
+    assert at_limits.retry_policy.minimum_backoff.total_seconds() == 600
+    assert not create().retry_policy  # no policy: redelivery at once
+    with pytest.raises(exceptions.InvalidArgument):
+        subscriber.update_subscription(
+            subscription={"name": at_limits.name, "retry_policy": {"minimum_backoff": {"seconds": 700}}},
+            update_mask=field_mask_pb2.FieldMask(paths=["retry_policy"]))
+    assert subscriber.get_subscription(subscription=at_limits.name).retry_policy.minimum_backoff.total_seconds() == 600
+    # a topic keeps messages for 10 minutes to 31 days
+    for seconds in (540, 32 * 86400):
+        with pytest.raises(exceptions.InvalidArgument):
+            clients.publisher.create_topic(request={"name": topic_path(PROJECT, unique("topic")),
+                                                    "message_retention_duration": {"seconds": seconds}})
+    clients.publisher.create_topic(request={"name": topic_path(PROJECT, unique("topic")),
+                                            "message_retention_duration": {"seconds": 31 * 86400}})
+
+
+def test_a_publish_mixing_ordering_keys_is_refused(clients):
+    """All messages of one Publish carry the same ordering key or none, or the service refuses it
+    ("In a single publish request, all messages must have no ordering key or they must all have the
+    same ordering key."), which is why the client libraries batch per key."""
+    topic = clients.topic()
+    publish = clients.publisher.api.publish
+    for messages in ([{"data": b"a", "ordering_key": "k1"}, {"data": b"b", "ordering_key": "k2"}],
+                     [{"data": b"a", "ordering_key": "k1"}, {"data": b"b"}]):
+        with pytest.raises(exceptions.FailedPrecondition, match="same ordering key"):
+            publish(topic=topic, messages=messages)
+    assert len(publish(topic=topic, messages=[{"data": b"a", "ordering_key": "k"}] * 2).message_ids) == 2
+    assert len(publish(topic=topic, messages=[{"data": b"a"}, {"data": b"b"}]).message_ids) == 2
+
+
+def test_worst_case_delivery_reorders_and_redelivers_a_share(monkeypatch):
+    """`worst_case`: subscriptions without ordering get messages out of order and a share twice (the
+    same message id under another ack id); ordered keys and exactly-once subscriptions are spared."""
+    from localpubsub.state import WorstCase
+
+    with EmulatorServer("localhost", 0, worst_case=WorstCase(seed=7, redeliver_share=0.1, max_delay=0.5)) as server:
+        monkeypatch.setenv("PUBSUB_EMULATOR_HOST", server.address)
+        made = Clients(ordered=True)
+        try:
+            topic = made.topic()
+            plain = made.subscription(topic)
+            keyed = made.subscription(topic, enable_message_ordering=True)
+            once = made.subscription(topic, enable_exactly_once_delivery=True)
+            count = 300
+            ids = made.publisher.api.publish(topic=topic, messages=[{"data": b"%d" % n} for n in range(count)]).message_ids
+            for n in range(20):
+                made.publisher.publish(topic, b"key %d" % n, ordering_key="k")
+            made.publisher.publish(topic, b"last", ordering_key="k").result(timeout=10)
+            received: dict[str, list] = collections.defaultdict(list)
+            lock = threading.Lock()
+
+            def collect(name):
+                def callback(message):
+                    with lock:
+                        received[name].append(message)
+                    message.ack()
+                return callback
+
+            futures_ = [made.subscriber.subscribe(s, collect(s)) for s in (plain, keyed, once)]
+            try:
+                assert wait_for(lambda: len({m.message_id for m in received[plain]}) == count + 21
+                                and len(received[once]) >= count + 21 and len(received[keyed]) >= count + 21)
+                time.sleep(1)  # the last copies arrive (max_delay 0.5 s)
+            finally:
+                for future in futures_:
+                    future.cancel()
+        finally:
+            made.close()
+        unordered = [m for m in received[plain] if not m.ordering_key]
+        seqs = [ids.index(m.message_id) for m in unordered]
+        copies = len(received[plain]) - len({m.message_id for m in received[plain]})
+        inversions = sum(1 for a, b in zip(seqs, seqs[1:]) if b < a)
+        print(f"\n{len(received[plain])} deliveries of {count + 21} messages: {copies} copies, "
+              f"{inversions} inversions; stats {server.broker.delivery_stats()}")
+        assert inversions > count // 10, "delivered in publish order"
+        assert 0.03 * count <= copies <= 0.25 * count, copies
+        assert [m.data for m in received[keyed] if m.ordering_key] == [b"key %d" % n for n in range(20)] + [b"last"]
+        assert len(received[keyed]) == count + 21  # no copies: a spare, ordered subscription's unkeyed ones too
+        assert len(received[once]) == count + 21  # no copies with exactly-once delivery
+        stats = server.broker.delivery_stats()
+        assert stats["duplicates"] == copies and stats["out_of_order"] > 0
+
+
+def test_data_dir_keeps_topics_subscriptions_and_unacked_messages(monkeypatch, tmp_path):
+    """With a data directory a restarted server has its topics, subscriptions (settings too) and
+    every unacked message, with their ids: a stock subscriber carries on, none is lost (issue 32)."""
+    data = tmp_path / "pubsub"
+    server = EmulatorServer("localhost", 0, data_dir=data).start()
+    monkeypatch.setenv("PUBSUB_EMULATOR_HOST", server.address)
+    port = server.port
+    made = Clients()
+    replacement = None
+    received = []
+    try:
+        topic = made.topic()
+        dropped = made.topic()
+        made.publisher.delete_topic(topic=dropped)
+        pulled = made.subscription(topic, filter='attributes.keep = "1"', retry_policy={"minimum_backoff": {"seconds": 1}})
+        streamed = made.subscription(topic)
+        gone = made.subscription(topic)
+        made.subscriber.delete_subscription(subscription=gone)
+        ids = made.publisher.api.publish(topic=topic, messages=[
+            {"data": b"%d" % n, "attributes": {"keep": "1" if n % 2 else "0"}} for n in range(6)]).message_ids
+        first = made.subscriber.pull(subscription=pulled, max_messages=2, timeout=10).received_messages
+        assert [m.message.data for m in first] == [b"1", b"3"]
+        made.subscriber.acknowledge(subscription=pulled, ack_ids=[first[0].ack_id])  # "3" stays leased
+        streaming = made.subscriber.subscribe(
+            streamed, lambda m: (received.append(m.message_id), m.ack() if m.data != b"4" else None))
+        assert wait_for(lambda: len(received) == 6)
+        server.stop()
+        locked = EmulatorServer("localhost", 0, data_dir=data)  # the stopped server let go of it
+        try:
+            with pytest.raises(OSError, match="in use"):  # one server per data directory
+                EmulatorServer("localhost", 0, data_dir=data)
+        finally:
+            locked.broker.close()
+
+        replacement = EmulatorServer("localhost", port, data_dir=data).start()
+        assert {t.name for t in made.publisher.list_topics(project=f"projects/{PROJECT}")} == {topic}
+        config = made.subscriber.get_subscription(subscription=pulled)
+        assert config.filter == 'attributes.keep = "1"' and config.retry_policy.minimum_backoff.total_seconds() == 1
+        with pytest.raises(exceptions.NotFound):
+            made.subscriber.get_subscription(subscription=gone)
+        again = []
+        while len(again) < 2:
+            again += made.subscriber.pull(subscription=pulled, max_messages=10, timeout=10).received_messages
+        assert [(m.message.message_id, m.message.data) for m in again] == [(ids[3], b"3"), (ids[5], b"5")]
+        # the stock subscriber reconnected on its own; the one message it never acked comes again
+        restarted = time.monotonic()
+        assert wait_for(lambda: received.count(ids[4]) >= 2, timeout=30)
+        print(f"redelivered {time.monotonic() - restarted:.1f} s after the restart")
+        after = made.publisher.publish(topic, b"after", keep="0").result(timeout=20)
+        assert int(after) > int(ids[-1])
+        assert wait_for(lambda: after in received, timeout=30)
+        assert not streaming.done()
+        streaming.cancel()
+        streaming.result(timeout=10)
+    finally:
+        made.close()
+        server.stop()
+        if replacement is not None:
+            replacement.stop()
 
 
 def test_subscription_admin_round_trip(clients):

@@ -35,7 +35,8 @@ from tests.support.remote import MODEL, ChatCompletionsServer
 from chatlens.config import LAYOUT, subscription_path, topic_path
 from chatlens.contracts import ChatInsight, DeadLetter, parse_message
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+# The local Pub/Sub delivers out of order and some messages twice, as production may (issue 32).
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900), pytest.mark.pubsub_worst_case]
 
 WAIT = 600  # seconds: the most any test waits for its results
 
@@ -78,7 +79,16 @@ def insights_of(collector: Collector) -> list[ChatInsight]:
 
 
 def dead_letters_of(collector: Collector) -> list[DeadLetter]:
-    return [DeadLetter.model_validate_json(data) for data, _ in collector.messages]
+    """The dead letters, one per input and failure as the dashboard stores them: Pub/Sub may deliver
+    an input twice (the local server's worst-case delivery does), and its dead letter is then
+    published twice, under the same key (app.crud.ingest.dead_letter_key)."""
+    from app.crud.ingest import dead_letter_key
+
+    letters: dict = {}
+    for data, attributes in collector.messages:
+        letter = DeadLetter.model_validate_json(data)
+        letters.setdefault(dead_letter_key(letter, attributes) or len(letters), letter)
+    return list(letters.values())
 
 
 def assert_log_shows_progress(process: PipelineProcess) -> None:
@@ -101,7 +111,7 @@ def test_deadline_batches_carry_every_window_exactly_once(pipelines, outputs):
     time.sleep(3)  # nothing more may arrive
     results = insights_of(insights)
     assert sorted(i.chat_id for i in results) == sorted(json.loads(w)["chat_id"] for w in windows)
-    assert {i.model_id for i in results} == {NOOP_MODEL_ID} and len(dead) == len(malformed)
+    assert {i.model_id for i in results} == {NOOP_MODEL_ID} and len(dead_letters_of(dead)) == len(malformed)
     assert not process.log_contains("may not be deterministic"), process.log_tail()
 
 

@@ -156,20 +156,31 @@ def _capture_fn_class():
 
 # ---- Pub/Sub -------------------------------------------------------------------------------
 class Collector:
-    """Pulls a subscription in the background and keeps every message (data, attributes)."""
+    """Pulls a subscription in the background and keeps every message (data, attributes) once.
+
+    Pub/Sub may deliver a message twice (the local server's worst-case delivery does): a
+    second delivery of a message id is counted in `copies`, not kept; a message published
+    twice (two ids) is kept twice.
+    """
 
     def __init__(self, subscription: str):
         from google.cloud import pubsub_v1
 
         self.subscription = subscription
         self.messages: list[tuple[bytes, dict[str, str]]] = []
+        self.copies = 0
+        self._ids: set[str] = set()
         self._lock = threading.Lock()
         self._client = pubsub_v1.SubscriberClient()
         self._future = self._client.subscribe(subscription, self._receive)
 
     def _receive(self, message) -> None:
         with self._lock:
-            self.messages.append((message.data, dict(message.attributes)))
+            if message.message_id in self._ids:
+                self.copies += 1
+            else:
+                self._ids.add(message.message_id)
+                self.messages.append((message.data, dict(message.attributes)))
         message.ack()
 
     def json(self) -> list[dict]:

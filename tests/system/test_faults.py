@@ -9,6 +9,11 @@ dashboard's SQLite database read directly.
 2. The Pub/Sub server dies and comes back empty on the same port under a running dashboard
    and pipeline: the demo's ProcessGroup starts it again, its LayoutWatchdog re-creates the
    topics and subscriptions, and every window published afterwards is stored, unattended.
+   With `--data-dir` it comes back with its topics, subscriptions and unacked messages: a
+   kill -9 mid-flow loses no input, and stock subscribers carry on without NOT_FOUND.
+
+The Pub/Sub server delivers as badly as at-least-once allows throughout (worst-case
+delivery: out of order, about 2% of messages twice).
 
 Each wait is bounded; a failing test prints the tails of the services' logs.
 """
@@ -32,7 +37,9 @@ from tests.support.pipeline import CHATLENS, PROJECT, Collector, PipelineProcess
 
 from chatlens.config import LAYOUT, subscription_path, topic_path
 
-pytestmark = pytest.mark.timeout(180)
+# The in-process Pub/Sub delivers out of order and some messages twice, as production may (issue 32);
+# the `chatlens pubsub-emulator` ones run with --worst-case.
+pytestmark = [pytest.mark.timeout(180), pytest.mark.pubsub_worst_case]
 
 LEASE_SECS = 10  # the pipeline's lease on an unsettled input: what a killed pipeline held comes back after this
 
@@ -389,8 +396,8 @@ def test_pubsub_server_restart_under_running_dashboard_and_pipeline_recovers_una
     after, after_bad = windows("b", 20), malformed("b")
     try:
         with running() as services:
-            server = processes.start(DemoService("pubsub", chatlens_argv("pubsub-emulator", "--port", str(port)),
-                                                 restart=True))
+            server = processes.start(DemoService("pubsub", chatlens_argv("pubsub-emulator", "--port", str(port),
+                                                                         "--worst-case"), restart=True))
             wait_ready(host, 30)
             ensure_layout(PROJECT)
             watchdog = pubsub_watchdog(PROJECT, host).start()
@@ -424,3 +431,58 @@ def test_pubsub_server_restart_under_running_dashboard_and_pipeline_recovers_una
         if watchdog is not None:
             watchdog.stop()
         processes.stop()
+
+
+@pytest.mark.slow  # `chatlens pipeline`, `chatlens dashboard` and `chatlens pubsub-emulator` subprocesses
+def test_pubsub_server_with_a_data_dir_killed_mid_flow_comes_back_with_everything(tmp_path, monkeypatch):
+    """`chatlens pubsub-emulator --data-dir`, kill -9 while inputs are still unread or in flight, and
+    started again on the same directory, with no watchdog: nothing is lost (each input is one row),
+    and stock subscribers (the tap's) never see NOT_FOUND and carry on."""
+    from localpubsub.admin import ensure_layout
+    from localpubsub.emulator import wait_ready
+
+    port = free_port()
+    host = f"localhost:{port}"
+    monkeypatch.setenv("PUBSUB_EMULATOR_HOST", host)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    data = tmp_path / "pubsub-data"
+    argv = ["pubsub-emulator", "--port", str(port), "--data-dir", str(data), "--worst-case"]
+    database = tmp_path / "dashboard.db"
+    before, before_bad = windows("d", 100), malformed("d")
+    after, after_bad = windows("e", 20), malformed("e")
+    total = len(before) + len(before_bad) + len(after) + len(after_bad)
+    with running() as services:
+        server = Service("pubsub", tmp_path / "pubsub.log", argv, env, tmp_path).start()
+        services.append(server)
+        wait_ready(host, 30)
+        ensure_layout(PROJECT)
+        with closing(Tap(PROJECT)) as tap:
+            services.append(dashboard(tmp_path, host, database, free_port()).start())
+            first = pipeline(tmp_path, host).start()
+            services.append(first)
+            wait_for(lambda: first.log_contains("running;"), 60, 0.2, "the pipeline to run", services)
+            publish_all(topic_path(PROJECT, LAYOUT.windows_topic), interleave(before, before_bad))
+            wait_for(lambda: rows(database) > 0, 60, 0.01, "the dashboard's first rows", services)
+            server.kill(signal.SIGKILL)
+            at_kill = rows(database)
+            print(f"\nPub/Sub server killed -9 with {at_kill} of {len(before) + len(before_bad)} inputs stored")
+            assert at_kill < len(before) + len(before_bad), "nothing was left in flight at the kill"
+
+            down = time.monotonic()
+            server.start()  # the same command: the same port and data directory, nothing re-created
+            wait_ready(host, 30)
+            back = time.monotonic() - down
+            publish_all(topic_path(PROJECT, LAYOUT.windows_topic), interleave(after, after_bad))
+            took = wait_for(lambda: rows(database) >= total, 120, 0.2, "every input's outcome", services)
+            time.sleep(LEASE_SECS + 2)  # a redelivery of anything still leased would be stored by now
+            assert_exactly_once(database, before + after, before_bad + after_bad)
+            assert all(service.alive() for service in services), "a service died instead of reconnecting"
+            assert not any(c._future.done() for c in tap.collectors), "a stock subscriber's stream ended"
+            assert len(tap) >= total, f"the tap saw {len(tap)} outcomes of {total}"
+            copies = sum(c.copies for c in tap.collectors)
+        server.kill(signal.SIGTERM)
+        summary = [line for line in server.log_text().splitlines() if line.startswith("worst-case delivery:")]
+        print(f"answering again {back:.1f} s after the kill (topics, subscriptions and unacked messages from "
+              f"{data.name}/); all {total} inputs stored once {took:.1f} s after the second publish; "
+              f"the tap got {copies} spontaneous copies; after the restart: {summary[-1] if summary else '?'}")
+        assert (data / "journal.jsonl").exists()
