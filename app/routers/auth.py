@@ -18,10 +18,11 @@ from app import auth, security
 from app.crud import sessions
 from app.deps import LOGIN_CSRF_COOKIE, SESSION_COOKIE, Ctx, OptionalUser, User
 from app.errors import Invalid, RateLimited
+from app.json_body import StrictJSONRoute
 from app.schemas import LoginIn, SessionOut
 from app.web import render
 
-router = APIRouter(tags=["auth"])
+router = APIRouter(tags=["auth"], route_class=StrictJSONRoute)
 
 
 def _safe_next(target: str | None) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from unittest import mock
@@ -356,3 +357,52 @@ def test_lockouts_follow_the_account_and_the_client_not_the_shared_proxy_address
         for _ in range(5):
             login(base, "bob", "wrong-guess", "192.0.2.1")
         assert login(base, "bob", PASSWORD, "192.0.2.2") == 429
+
+
+# What Python's json module accepts but JSON does not (or a database cannot store): each used to
+# reach the validation handler, which echoed it back and could not encode it (500).
+STRANGE_JSON = {
+    "NaN": b"NaN", "Infinity": b"Infinity", "-Infinity": b"-Infinity", "1e999": b"1e999",
+    "lone surrogate": b'"\\ud800 alone"', "raw surrogate bytes": b'"\xed\xa0\x80"',
+}
+
+
+@pytest.mark.parametrize("value", STRANGE_JSON.values(), ids=STRANGE_JSON.keys())
+def test_strange_json_values_are_refused_with_422_in_every_json_body(client_for, app, value):
+    sam = client_for("sam")
+    operations = [(method, path.replace("{chat_id}", "calm")) for path, item in app.openapi()["paths"].items()
+                  for method, operation in item.items()
+                  if "application/json" in operation.get("requestBody", {}).get("content", {})]
+    assert ("post", "/api/session") in operations and ("put", "/api/chats/calm/draft") in operations
+    fields = ("version", "text", "reason", "assignee", "corrected", "username", "password")
+    body = b"{" + b", ".join(b'"%s": %s' % (name.encode(), value) for name in fields) + b"}"
+    for method, path in operations:
+        response = sam.request(method.upper(), path, content=body, headers={"Content-Type": "application/json"})
+        assert response.status_code == 422, (method, path, response.text)
+        assert response.json()["detail"], (method, path)
+    assert sam.get("/api/chats/calm").json()["version"] == 1  # nothing changed
+
+
+def test_control_characters_in_a_path_are_escaped_in_the_error_log(client_for, staffed, caplog):
+    sam = client_for("sam")
+    with Database(staffed[0]).engine.begin() as connection:  # a real server-side failure
+        connection.exec_driver_sql("DROP TABLE chats")
+    with caplog.at_level(logging.ERROR):
+        response = sam.get("/api/chats/calm%1B%5B2J%0Bvt%C2%85nel%E2%80%A8ls")
+    assert response.status_code == 500
+    logged = caplog.text
+    assert "unhandled error on GET /api/chats/calm" in logged
+    for char in ("\x1b", "\x0b", "\x85", "\u2028"):
+        assert char not in logged, repr(char)
+    assert "\\x1b[2J\\x0bvt\\x85nel\\u2028ls" in logged
+
+
+@pytest.mark.parametrize(("who", "path", "status"), [
+    (None, "/readyz", 200), (None, "/healthz", 200), (None, "/openapi.json", 200),
+    ("alice", "/audit", 403), ("sam", "/errors?before_id=0", 422), (None, "/chats/calm", 401),
+])
+def test_json_answers_of_probes_schema_and_page_routes_are_never_cached(anon, client_for, who, path, status):
+    client = client_for(who) if who else anon
+    response = client.get(path, headers={"Accept": "application/json"}, follow_redirects=False)
+    assert response.status_code == status and response.headers["content-type"].startswith("application/json")
+    assert response.headers["cache-control"] == "no-store"
