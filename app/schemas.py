@@ -11,6 +11,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field, create_model
 
 from app import sentiments
+from app.security import MAX_PASSWORD_CHARS
 from app.crud.errors import PREVIEW_CHARS, ErrorRow
 from app.models import CHAT_WINDOW_COPY, AuditEntry, Chat, Insight
 from chatlens.contracts import ANALYSIS_FIELDS, MAX_REPLY_CHARS, ChatAnalysis
@@ -140,7 +141,7 @@ class ConflictOut(BaseModel):
 
 class LoginIn(BaseModel):
     username: str = Field(min_length=1, max_length=64)
-    password: str = Field(min_length=1, max_length=1024)
+    password: str = Field(min_length=1, max_length=MAX_PASSWORD_CHARS)
 
 
 class SessionOut(BaseModel):

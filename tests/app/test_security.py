@@ -406,3 +406,30 @@ def test_json_answers_of_probes_schema_and_page_routes_are_never_cached(anon, cl
     response = client.get(path, headers={"Accept": "application/json"}, follow_redirects=False)
     assert response.status_code == status and response.headers["content-type"].startswith("application/json")
     assert response.headers["cache-control"] == "no-store"
+
+
+@pytest.mark.parametrize(("username", "password", "reason"), [
+    ("carol", "password", "one of the most common passwords"),
+    ("carol", " " * 8, "too easy to guess"),
+    ("carol", "qwertyuiop12", "one of the most common passwords"),
+    ("carol", "Summer2024!", "too easy to guess"),
+    ("carol.smith", "carol.smith!", "too easy to guess"),  # the username says it
+    ("carol", "x" * 1025, "at most 1024 characters"),  # login could never accept it
+    ("carol", "short", "at least 8 characters"),
+])
+def test_weak_or_overlong_new_passwords_are_refused_with_a_reason(tmp_path, username, password, reason):
+    db = Database(f"sqlite:///{tmp_path / 'users.db'}")
+    db.upgrade()
+    with pytest.raises(users.Invalid, match=reason):
+        users.create_user(db, username, password)
+    assert users.list_users(db) == []
+    users.create_user(db, username, PASSWORD)  # a strong one is fine
+    db.dispose()
+
+
+def test_a_new_password_login_would_refuse_is_refused(anon):
+    """One length rule: the longest password a user may set is the longest login accepts."""
+    longest = "correct horse battery staple ".ljust(security.MAX_PASSWORD_CHARS, "x")
+    assert security.check_new_password(longest, ["alice"]) is None
+    assert anon.post("/api/session", json={"username": "alice", "password": longest}).status_code == 401
+    assert anon.post("/api/session", json={"username": "alice", "password": longest + "x"}).status_code == 422
