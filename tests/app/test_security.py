@@ -433,3 +433,54 @@ def test_a_new_password_login_would_refuse_is_refused(anon):
     assert security.check_new_password(longest, ["alice"]) is None
     assert anon.post("/api/session", json={"username": "alice", "password": longest}).status_code == 401
     assert anon.post("/api/session", json={"username": "alice", "password": longest + "x"}).status_code == 422
+
+
+def test_sessions_end_after_an_absolute_lifetime_however_active(client_for, staffed):
+    from datetime import datetime, timedelta, timezone
+
+    from sqlalchemy import select, update
+
+    from app.models import User, UserSession
+
+    alice = client_for("alice")
+    assert alice.get("/api/session").status_code == 200
+    db = Database(staffed[0])
+    now = datetime.now(timezone.utc)
+    # Made 23.8 hours ago, about to expire unused: a use extends it to the 24-hour limit, no further.
+    with db.writing() as session:
+        session.execute(update(UserSession).values(created_at=now - timedelta(hours=23.8),
+                                                   expires_at=now + timedelta(minutes=1)))
+        session.commit()
+    assert alice.get("/api/session").status_code == 200
+    with db.read() as session:
+        row = session.scalar(select(UserSession).join(User).where(User.username == "alice"))
+        assert now + timedelta(minutes=1) < row.expires_at <= row.created_at + timedelta(hours=24)
+    with db.writing() as session:  # a day and an hour old, its sliding expiry still ahead
+        session.execute(update(UserSession).values(created_at=now - timedelta(hours=25),
+                                                   expires_at=now + timedelta(hours=11)))
+        session.commit()
+    db.dispose()
+    assert alice.get("/api/session").status_code == 401
+
+
+def test_login_throttle_rows_are_deleted_once_their_window_and_lockout_are_over(staffed):
+    from datetime import datetime, timedelta, timezone
+
+    from sqlalchemy import select, update
+
+    from app.crud import throttle
+    from app.models import LoginThrottle
+
+    db = Database(staffed[0])
+    throttle.claim(db, "gone", "203.0.113.1", 5, 30, 900)
+    for _ in range(5):
+        throttle.claim(db, "locked", "203.0.113.1", 5, 3600, 900)
+    long_ago = datetime.now(timezone.utc) - timedelta(hours=1)
+    with db.writing() as session:  # every window over; "locked" from that client still locked out for an hour
+        session.execute(update(LoginThrottle).values(first_failure_at=long_ago))
+        session.commit()
+    throttle.claim(db, "new", "203.0.113.2", 5, 30, 900)
+    with db.read() as session:
+        keys = set(session.scalars(select(LoginThrottle.key)))
+    db.dispose()
+    assert keys == {"user:locked|client:203.0.113.1", "user:new|client:203.0.113.2", "user:new"}
