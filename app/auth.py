@@ -27,11 +27,12 @@ def login(ctx: AppContext, username: str, password: str, ip: str | None) -> tupl
     if user is None:
         raise Invalid(WRONG_LOGIN)  # the claim already counted it
     throttle.succeeded(ctx.db, username, ip)
-    return sessions.create(ctx.db, ctx.secret, user, s.session_hours, ip)
+    return sessions.create(ctx.db, ctx.secret, user, s.session_hours, ip, s.session_max_hours)
 
 
 def set_session_cookie(response: Response, ctx: AppContext, token: str) -> None:
-    response.set_cookie(SESSION_COOKIE, token, max_age=int(ctx.settings.session_hours * 3600),
+    hours = min(ctx.settings.session_hours, ctx.settings.session_max_hours)
+    response.set_cookie(SESSION_COOKIE, token, max_age=int(hours * 3600),
                         httponly=True, secure=ctx.settings.cookie_secure, samesite="lax", path="/")
 
 

@@ -41,7 +41,8 @@ def get_db(request: Request) -> Database:
 
 def session_principal(ctx: AppContext, token: str | None) -> Principal | None:
     """Who a session token belongs to, or None when it is unknown, expired or its user disabled."""
-    return sessions.lookup(ctx.db, ctx.secret, token, ctx.settings.session_hours)
+    s = ctx.settings
+    return sessions.lookup(ctx.db, ctx.secret, token, s.session_hours, s.session_max_hours)
 
 
 def _principal(request: Request) -> Principal | None:

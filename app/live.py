@@ -120,16 +120,18 @@ class EventHub:
                         yield event
                         sent = max(sent, event.id or 0)
             yield LiveEvent("status", self._status())
-            checked = time.monotonic()
+            next_check = time.monotonic() + check_seconds
             while True:
+                # Wait no longer than the next check is due: events arriving just under
+                # `check_seconds` apart must not push every check back to the event after it.
                 try:
-                    event = await asyncio.wait_for(queue.get(), timeout=check_seconds)
+                    event = await asyncio.wait_for(queue.get(), timeout=max(0.0, next_check - time.monotonic()))
                 except TimeoutError:
                     event = _QUIET
-                if still_allowed is not None and time.monotonic() - checked >= check_seconds:
-                    checked = time.monotonic()
+                if still_allowed is not None and time.monotonic() >= next_check:
                     if not await still_allowed():
                         return
+                    next_check = time.monotonic() + check_seconds
                 if event is None:
                     return
                 if event is _QUIET:

@@ -26,6 +26,7 @@ from app.crud.ingest import ingest_dead_letter, ingest_insight
 from app.db import Database
 from app.deps import verify_csrf
 from app.errors import Conflict, Forbidden, Invalid, NotAuthenticated, NotFound, RateLimited
+from app.json_body import printable
 from app.live import EventHub
 from app.routers import api, auth, live, ops, pages
 from app.settings import DashboardSettings
@@ -134,7 +135,9 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def validation(request: Request, error: RequestValidationError) -> Response:
         if _wants_json(request) or request.method not in ("GET", "HEAD"):
-            return JSONResponse({"detail": jsonable_encoder(error.errors())}, status_code=422)
+            # Not the input: it may be a megabyte, or text that cannot be encoded again.
+            detail = [{k: v for k, v in e.items() if k != "input"} for e in error.errors()]
+            return JSONResponse({"detail": jsonable_encoder(detail)}, status_code=422)
         return render(request, "message.html", status_code=422, title="Bad request",
                       message="The address has values this page does not understand.")
 
@@ -145,9 +148,11 @@ def install_security_headers(app: FastAPI) -> None:
         try:
             response = await call_next(request)
         except Exception:  # an unexpected error still answers with the headers, and no details
-            log.exception("unhandled error on %s %s", request.method, request.url.path)
+            log.exception("unhandled error on %s %s", request.method, printable(request.url.path))
             response = JSONResponse({"detail": "internal error"}, status_code=500)
-        if request.url.path.startswith("/api/") or response.media_type == "application/json":
+        # (What call_next returns has no media_type: the header says what it is.)
+        if request.url.path.startswith("/api/") or response.headers.get("content-type", "").startswith(
+                "application/json"):
             # JSON carries the CSRF token and transcripts: never kept by a browser or proxy cache.
             response.headers.setdefault("Cache-Control", "no-store")
         docs = request.url.path == "/docs"

@@ -10,8 +10,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, create_model
 
-from app.models import CHAT_WINDOW_COPY, AuditEntry, Chat, ErrorEvent, Insight
 from app import sentiments
+from app.security import MAX_PASSWORD_CHARS
+from app.crud.errors import PREVIEW_CHARS, ErrorRow
+from app.models import CHAT_WINDOW_COPY, AuditEntry, Chat, Insight
 from chatlens.contracts import ANALYSIS_FIELDS, MAX_REPLY_CHARS, ChatAnalysis
 
 SentimentName = Literal["negative", "neutral", "positive"]
@@ -139,7 +141,7 @@ class ConflictOut(BaseModel):
 
 class LoginIn(BaseModel):
     username: str = Field(min_length=1, max_length=64)
-    password: str = Field(min_length=1, max_length=1024)
+    password: str = Field(min_length=1, max_length=MAX_PASSWORD_CHARS)
 
 
 class SessionOut(BaseModel):
@@ -185,13 +187,16 @@ class ErrorOut(BaseModel):
     payload_bytes: int
 
     @classmethod
-    def of(cls, row: ErrorEvent) -> ErrorOut:
-        text = row.payload.decode("utf-8", errors="replace")
+    def of(cls, row: ErrorRow) -> ErrorOut:
+        e = row.event
+        text = row.payload_head.decode("utf-8", errors="replace")
+        # PREVIEW_BYTES hold at least PREVIEW_CHARS characters: a shorter text is the whole payload.
+        cut = len(text) > PREVIEW_CHARS or row.payload_bytes > len(row.payload_head)
         return cls(
-            id=row.id, source=row.source, kind=row.kind, message_id=row.message_id, stage=row.stage,
-            error_class=row.error_class, error_message=row.error_message, chat_id=row.chat_id,
-            attributes={str(k): str(v) for k, v in (row.attributes or {}).items()},
-            failed_at=row.failed_at, received_at=row.received_at,
-            payload_preview=text[:2000] + (" …" if len(text) > 2000 else ""),
-            payload_bytes=len(row.payload),
+            id=e.id, source=e.source, kind=e.kind, message_id=e.message_id, stage=e.stage,
+            error_class=e.error_class, error_message=e.error_message, chat_id=e.chat_id,
+            attributes={str(k): str(v) for k, v in (e.attributes or {}).items()},
+            failed_at=e.failed_at, received_at=e.received_at,
+            payload_preview=text[:PREVIEW_CHARS] + (" …" if cut else ""),
+            payload_bytes=row.payload_bytes,
         )

@@ -57,6 +57,9 @@ class DashboardSettings(BaseSettings):
         "generated once and stored in the database when unset.",
     )
     session_hours: float = Field(12.0, gt=0, description="How long a login lasts without activity.")
+    session_max_hours: float = Field(
+        24.0, gt=0, description="How long a login lasts at most, however active (then log in again)."
+    )
     cookie_secure: bool = Field(False, description="Send cookies only over HTTPS (set behind TLS).")
     login_max_failures: int = Field(5, ge=1, description="Failed logins per account and client address before a lockout (4x that per account).")
     login_lockout_seconds: float = Field(

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from datetime import timedelta
 
-from sqlalchemy import select
+from sqlalchemy import delete, or_, select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
@@ -38,6 +38,11 @@ def claim(db: Database, username: str, client: str | None, max_failures: int, lo
     attempt = keys(username, client)
     insert = sqlite_insert if db.is_sqlite else pg_insert
     with db.writing() as session:  # SQLite: BEGIN IMMEDIATE; PostgreSQL: the rows are locked below
+        # Rows whose window and lockout are both over mean nothing more (a new failure starts
+        # afresh): deleted here, or every name ever tried would stay forever.
+        session.execute(delete(LoginThrottle).where(
+            LoginThrottle.first_failure_at < now - timedelta(seconds=window_seconds),
+            or_(LoginThrottle.locked_until.is_(None), LoginThrottle.locked_until <= now)))
         session.execute(insert(LoginThrottle).values(
             [{"key": key, "failures": 0, "first_failure_at": now} for key, _ in attempt]).on_conflict_do_nothing())
         rows = {row.key: row for row in session.scalars(

@@ -28,9 +28,10 @@ def create_user(db: Database, username: str, password: str, role: str = "agent")
     if role not in ROLES:
         raise Invalid(f"role must be one of {ROLES}")
     try:
-        password_hash = security.hash_password(password)
+        security.check_new_password(password, [username, *re.split(r"[._@-]", username)])
     except ValueError as error:
         raise Invalid(str(error)) from None
+    password_hash = security.hash_password(password)
     try:
         with db.writing() as session:
             user = User(username=username, password_hash=password_hash, role=role)

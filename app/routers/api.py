@@ -26,6 +26,7 @@ from app.deps import (
     User,
     current_user,
 )
+from app.json_body import StrictJSONRoute
 from app.schemas import (
     ApproveIn,
     AssignIn,
@@ -41,7 +42,7 @@ from app.schemas import (
 )
 
 router = APIRouter(prefix="/api", tags=["queue"], dependencies=[Depends(current_user)],
-                   responses={401: {"description": "Not logged in"}})
+                   responses={401: {"description": "Not logged in"}}, route_class=StrictJSONRoute)
 CONFLICT = {409: {"model": ConflictOut, "description": "Changed by someone else since `version`"}}
 
 

@@ -18,10 +18,11 @@ from app import auth, security
 from app.crud import sessions
 from app.deps import LOGIN_CSRF_COOKIE, SESSION_COOKIE, Ctx, OptionalUser, User
 from app.errors import Invalid, RateLimited
+from app.json_body import StrictJSONRoute
 from app.schemas import LoginIn, SessionOut
 from app.web import render
 
-router = APIRouter(tags=["auth"])
+router = APIRouter(tags=["auth"], route_class=StrictJSONRoute)
 
 
 def _safe_next(target: str | None) -> str:
@@ -39,7 +40,8 @@ def _login_page(request: Request, ctx, next_url: str, status_code: int = 200,
                 headers: dict[str, str] | None = None) -> Response:
     nonce = security.new_token()
     response = render(request, "login.html", status_code=status_code, error=error, username=username,
-                      next_url=next_url, login_token=nonce, headers=headers)
+                      next_url=next_url, login_token=nonce, headers=headers,
+                      max_password=security.MAX_PASSWORD_CHARS)
     response.set_cookie(LOGIN_CSRF_COOKIE, security.sign(ctx.secret, nonce), max_age=3600, httponly=True,
                         secure=ctx.settings.cookie_secure, samesite="strict", path="/login")
     return response
@@ -56,7 +58,7 @@ def login_form(request: Request, ctx: Ctx, user: OptionalUser, next: str | None 
 def login_submit(
     request: Request, ctx: Ctx,
     username: Annotated[str, Form(max_length=64)] = "",
-    password: Annotated[str, Form(max_length=1024)] = "",
+    password: Annotated[str, Form(max_length=security.MAX_PASSWORD_CHARS)] = "",
     csrf_token: Annotated[str, Form(max_length=200)] = "",
     next: Annotated[str, Form(max_length=2000)] = "/",
 ) -> Response:

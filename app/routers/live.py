@@ -9,7 +9,7 @@ from fastapi import APIRouter, Header, Query, Request
 from fastapi.sse import EventSourceResponse, ServerSentEvent
 from starlette.concurrency import run_in_threadpool
 
-from app.deps import SESSION_COOKIE, Ctx, User, session_principal
+from app.deps import MAX_SQL_INT, SESSION_COOKIE, Ctx, User, session_principal
 
 router = APIRouter(tags=["live"])
 RETRY_MS = 2000
@@ -17,10 +17,12 @@ SESSION_CHECK_SECONDS = 3.0  # how long a stream may outlive its session
 
 
 def _parse_id(value: str | None) -> int | None:
+    """An event id, clamped to what the events table can hold (a far-out one overflowed the query)."""
     try:
-        return int(value) if value not in (None, "") else None
+        number = int(value) if value not in (None, "") else None
     except ValueError:
         return None
+    return None if number is None else max(0, min(number, MAX_SQL_INT))
 
 
 @router.get("/api/events", response_class=EventSourceResponse)

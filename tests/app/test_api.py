@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import tracemalloc
 from datetime import timedelta
 
 import pytest
@@ -321,3 +322,36 @@ def test_corrections_and_reviewed_replies_are_exported_as_examples(alice, databa
     assert main(["eval", "--from-dashboard", database_url, "--no-model", "--json"]) == 0
     report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert report["chats"] == 3 and report["systems"]["vader"]["sentiment"]["n"] == 1
+
+
+def test_errors_views_read_a_prefix_of_each_payload_not_the_whole(alice, second_client, database_url):
+    """Six 4 MB dead letters used to be loaded (and decoded) whole to show 2,000 characters."""
+    from app.db import Database
+    from app.models import ErrorEvent
+
+    big = ("é" * 2500 + "x" * 4_000_000).encode()
+    db = Database(database_url)
+    with db.writing() as session:
+        for i in range(6):
+            session.add(ErrorEvent(source="deadletters", kind="dead_letter", message_id=f"big-{i}",
+                                   error_message="too big", payload=big, attributes={}))
+        session.add(ErrorEvent(source="deadletters", kind="dead_letter", message_id="small",
+                               error_message="small", payload="short é".encode(), attributes={}))
+        session.commit()
+    db.dispose()
+    sam = second_client("sam")
+    sam.get("/api/errors?limit=1")  # everything imported and warm before measuring
+    tracemalloc.start()
+    try:
+        rows = sam.get("/api/errors").json()
+        api_peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.reset_peak()
+        page = sam.get("/errors")
+        page_peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert page.status_code == 200 and "é" * 100 in page.text
+    assert api_peak < 8_000_000 and page_peak < 8_000_000, (api_peak, page_peak)
+    by_id = {row["message_id"]: row for row in rows}
+    assert by_id["small"]["payload_preview"] == "short é" and by_id["small"]["payload_bytes"] == 8
+    assert by_id["big-0"]["payload_preview"] == "é" * 2000 + " …" and by_id["big-0"]["payload_bytes"] == len(big)

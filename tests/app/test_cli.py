@@ -34,3 +34,12 @@ def test_dashboard_command_serves_and_stops_cleanly_on_sigterm(tmp_path, pubsub_
     assert f"ChatLens dashboard on http://127.0.0.1:{port}/" in text
     assert "Traceback" not in text, text
     assert "dashboard ready" in text and "dashboard stopped" in text, text
+
+
+def test_users_add_refuses_weak_and_overlong_passwords(tmp_path):
+    url = sqlite_url(tmp_path)
+    for password, reason in [("password", "common"), ("x" * 3000, "at most 1024 characters")]:
+        add = subprocess.run([sys.executable, "-m", "cli", "users", "--database-url", url, "add", "ann",
+                              "--password-stdin"], input=f"{password}\n", text=True, capture_output=True)
+        assert add.returncode == 1 and reason in add.stderr, add.stderr
+        assert "Traceback" not in add.stderr

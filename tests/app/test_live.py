@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
+
 import httpx
 import pytest
 from tests.support.app import (
@@ -9,12 +12,15 @@ from tests.support.app import (
     make_insight,
     running_server,
     staffed_database,
+    sqlite_url,
     store,
 )
 
+from app.crud import events as event_rows
 from app.crud import users
 from app.crud.ingest import ingest_dead_letter
 from app.db import Database
+from app.live import EventHub
 from app.main import create_app
 from chatlens.contracts import DeadLetter
 
@@ -146,3 +152,54 @@ def test_dead_letter_events_go_to_supervisors_only(staffed_server):
         store(url, make_insight("c-after"))
         assert [e["event"] for e in read_events(supervisor, 2)] == ["errorlog", "chat"]
         assert [e["event"] for e in read_events(agent, 1)] == ["chat"]
+
+
+@pytest.mark.parametrize("value", ["-" + "9" * 30, "9" * 31, "-1"])
+def test_out_of_range_event_ids_are_clamped_not_overflowed(server, value):
+    _url, client = server
+    for request in ({"headers": {"Last-Event-ID": value}}, {"params": {"after": value}}):
+        with client.stream("GET", "/api/events", **request) as response:
+            events = read_events(response, 1)
+        assert [e["event"] for e in events] in (["resync"], ["status"]), (request, events)
+
+
+def test_the_session_is_checked_on_time_while_events_flow(tmp_path):
+    """Events every 0.8 s used to postpone each check to the first event after `check_seconds`:
+    checks 1.6 s apart, and a stream outliving its logout by up to twice the promise."""
+    url = sqlite_url(tmp_path)
+    db = Database(url)
+    db.upgrade()
+
+    def add_event() -> None:
+        with db.writing() as session:
+            event_rows.add_event(session, "chat", "c-1")
+            session.commit()
+
+    async def scenario() -> list[float]:
+        hub = EventHub(db, poll_seconds=0.05)
+        await hub.start()
+        checks = [time.monotonic()]
+
+        async def still_allowed() -> bool:
+            checks.append(time.monotonic())
+            return True
+
+        async def write_events() -> None:
+            for _ in range(6):
+                await asyncio.sleep(0.8)
+                await asyncio.to_thread(add_event)
+                hub.notify()
+            await asyncio.sleep(0.3)
+            hub.close()
+
+        writer = asyncio.create_task(write_events())
+        received = [event async for event in hub.stream(None, still_allowed, check_seconds=1.0)]
+        await writer
+        await hub.stop()
+        assert [e.kind for e in received].count("chat") == 6
+        return checks
+
+    checks = asyncio.run(scenario())
+    db.dispose()
+    gaps = [later - earlier for earlier, later in zip(checks, checks[1:])]
+    assert len(gaps) >= 4 and max(gaps) < 1.4, gaps

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from unittest import mock
@@ -356,3 +357,130 @@ def test_lockouts_follow_the_account_and_the_client_not_the_shared_proxy_address
         for _ in range(5):
             login(base, "bob", "wrong-guess", "192.0.2.1")
         assert login(base, "bob", PASSWORD, "192.0.2.2") == 429
+
+
+# What Python's json module accepts but JSON does not (or a database cannot store): each used to
+# reach the validation handler, which echoed it back and could not encode it (500).
+STRANGE_JSON = {
+    "NaN": b"NaN", "Infinity": b"Infinity", "-Infinity": b"-Infinity", "1e999": b"1e999",
+    "lone surrogate": b'"\\ud800 alone"', "raw surrogate bytes": b'"\xed\xa0\x80"',
+}
+
+
+@pytest.mark.parametrize("value", STRANGE_JSON.values(), ids=STRANGE_JSON.keys())
+def test_strange_json_values_are_refused_with_422_in_every_json_body(client_for, app, value):
+    sam = client_for("sam")
+    operations = [(method, path.replace("{chat_id}", "calm")) for path, item in app.openapi()["paths"].items()
+                  for method, operation in item.items()
+                  if "application/json" in operation.get("requestBody", {}).get("content", {})]
+    assert ("post", "/api/session") in operations and ("put", "/api/chats/calm/draft") in operations
+    fields = ("version", "text", "reason", "assignee", "corrected", "username", "password")
+    body = b"{" + b", ".join(b'"%s": %s' % (name.encode(), value) for name in fields) + b"}"
+    for method, path in operations:
+        response = sam.request(method.upper(), path, content=body, headers={"Content-Type": "application/json"})
+        assert response.status_code == 422, (method, path, response.text)
+        assert response.json()["detail"], (method, path)
+    assert sam.get("/api/chats/calm").json()["version"] == 1  # nothing changed
+
+
+def test_control_characters_in_a_path_are_escaped_in_the_error_log(client_for, staffed, caplog):
+    sam = client_for("sam")
+    with Database(staffed[0]).engine.begin() as connection:  # a real server-side failure
+        connection.exec_driver_sql("DROP TABLE chats")
+    with caplog.at_level(logging.ERROR):
+        response = sam.get("/api/chats/calm%1B%5B2J%0Bvt%C2%85nel%E2%80%A8ls")
+    assert response.status_code == 500
+    logged = caplog.text
+    assert "unhandled error on GET /api/chats/calm" in logged
+    for char in ("\x1b", "\x0b", "\x85", "\u2028"):
+        assert char not in logged, repr(char)
+    assert "\\x1b[2J\\x0bvt\\x85nel\\u2028ls" in logged
+
+
+@pytest.mark.parametrize(("who", "path", "status"), [
+    (None, "/readyz", 200), (None, "/healthz", 200), (None, "/openapi.json", 200),
+    ("alice", "/audit", 403), ("sam", "/errors?before_id=0", 422), (None, "/chats/calm", 401),
+])
+def test_json_answers_of_probes_schema_and_page_routes_are_never_cached(anon, client_for, who, path, status):
+    client = client_for(who) if who else anon
+    response = client.get(path, headers={"Accept": "application/json"}, follow_redirects=False)
+    assert response.status_code == status and response.headers["content-type"].startswith("application/json")
+    assert response.headers["cache-control"] == "no-store"
+
+
+@pytest.mark.parametrize(("username", "password", "reason"), [
+    ("carol", "password", "one of the most common passwords"),
+    ("carol", " " * 8, "too easy to guess"),
+    ("carol", "qwertyuiop12", "one of the most common passwords"),
+    ("carol", "Summer2024!", "too easy to guess"),
+    ("carol.smith", "carol.smith!", "too easy to guess"),  # the username says it
+    ("carol", "x" * 1025, "at most 1024 characters"),  # login could never accept it
+    ("carol", "short", "at least 8 characters"),
+])
+def test_weak_or_overlong_new_passwords_are_refused_with_a_reason(tmp_path, username, password, reason):
+    db = Database(f"sqlite:///{tmp_path / 'users.db'}")
+    db.upgrade()
+    with pytest.raises(users.Invalid, match=reason):
+        users.create_user(db, username, password)
+    assert users.list_users(db) == []
+    users.create_user(db, username, PASSWORD)  # a strong one is fine
+    db.dispose()
+
+
+def test_a_new_password_login_would_refuse_is_refused(anon):
+    """One length rule: the longest password a user may set is the longest login accepts."""
+    longest = "correct horse battery staple ".ljust(security.MAX_PASSWORD_CHARS, "x")
+    assert security.check_new_password(longest, ["alice"]) is None
+    assert anon.post("/api/session", json={"username": "alice", "password": longest}).status_code == 401
+    assert anon.post("/api/session", json={"username": "alice", "password": longest + "x"}).status_code == 422
+
+
+def test_sessions_end_after_an_absolute_lifetime_however_active(client_for, staffed):
+    from datetime import datetime, timedelta, timezone
+
+    from sqlalchemy import select, update
+
+    from app.models import User, UserSession
+
+    alice = client_for("alice")
+    assert alice.get("/api/session").status_code == 200
+    db = Database(staffed[0])
+    now = datetime.now(timezone.utc)
+    # Made 23.8 hours ago, about to expire unused: a use extends it to the 24-hour limit, no further.
+    with db.writing() as session:
+        session.execute(update(UserSession).values(created_at=now - timedelta(hours=23.8),
+                                                   expires_at=now + timedelta(minutes=1)))
+        session.commit()
+    assert alice.get("/api/session").status_code == 200
+    with db.read() as session:
+        row = session.scalar(select(UserSession).join(User).where(User.username == "alice"))
+        assert now + timedelta(minutes=1) < row.expires_at <= row.created_at + timedelta(hours=24)
+    with db.writing() as session:  # a day and an hour old, its sliding expiry still ahead
+        session.execute(update(UserSession).values(created_at=now - timedelta(hours=25),
+                                                   expires_at=now + timedelta(hours=11)))
+        session.commit()
+    db.dispose()
+    assert alice.get("/api/session").status_code == 401
+
+
+def test_login_throttle_rows_are_deleted_once_their_window_and_lockout_are_over(staffed):
+    from datetime import datetime, timedelta, timezone
+
+    from sqlalchemy import select, update
+
+    from app.crud import throttle
+    from app.models import LoginThrottle
+
+    db = Database(staffed[0])
+    throttle.claim(db, "gone", "203.0.113.1", 5, 30, 900)
+    for _ in range(5):
+        throttle.claim(db, "locked", "203.0.113.1", 5, 3600, 900)
+    long_ago = datetime.now(timezone.utc) - timedelta(hours=1)
+    with db.writing() as session:  # every window over; "locked" from that client still locked out for an hour
+        session.execute(update(LoginThrottle).values(first_failure_at=long_ago))
+        session.commit()
+    throttle.claim(db, "new", "203.0.113.2", 5, 30, 900)
+    with db.read() as session:
+        keys = set(session.scalars(select(LoginThrottle.key)))
+    db.dispose()
+    assert keys == {"user:locked|client:203.0.113.1", "user:new|client:203.0.113.2", "user:new"}
