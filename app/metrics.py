@@ -51,7 +51,8 @@ class DashboardCollector:
         yield lag
         yield _family(GaugeMetricFamily, "subscriber_up", "1 while the subscriber's stream is running.",
                       [({"subscriber": s.name}, 1 if s.state == "running" else 0) for s in statuses])
-        yield _family(GaugeMetricFamily, "subscriber_failing", "Messages in a row that failed to store (0 after a success).",
+        yield _family(GaugeMetricFamily, "subscriber_failing",
+                      "Messages in a row that failed to store (0 after a success).",
                       [({"subscriber": s.name}, s.failing) for s in statuses])
         yield _family(GaugeMetricFamily, "subscriber_degraded", "1 while storing keeps failing (as /readyz says).",
                       [({"subscriber": s.name}, 1 if s.degraded() else 0) for s in statuses])

@@ -244,7 +244,8 @@ raw_payloads = st.one_of(
     st.binary(max_size=400),
     json_values.map(lambda value: json.dumps(value).encode()),
     st.dictionaries(insight_fields, json_values, max_size=8).map(lambda value: json.dumps(value).encode()),
-    st.tuples(st.integers(1, 300) | st.integers(1_500, 5_000), st.sampled_from([b"[", b'{"chat_id":'])).map(lambda t: t[1] * t[0]),
+    st.tuples(st.integers(1, 300) | st.integers(1_500, 5_000), st.sampled_from([b"[", b'{"chat_id":']))
+    .map(lambda t: t[1] * t[0]),
 )
 attribute_maps = st.dictionaries(st.sampled_from(["chat_id", "source_key", "k", ""]), st.text(max_size=30), max_size=3)
 valid_insights = st.builds(

@@ -160,7 +160,8 @@ def test_poison_messages_become_error_rows_and_the_valid_ones_after_them_are_sto
         assert letters_status.outcomes == {"stored": 1, "duplicate": 0, "invalid": 1, "failed": 0}
         assert client.get("/readyz").json()["status"] == "ready"
         with app.state.ctx.db.read() as session:
-            reasons = list(session.scalars(select(ErrorEvent.error_message).where(ErrorEvent.kind == "invalid_insight")))
+            reasons = list(session.scalars(
+                select(ErrorEvent.error_message).where(ErrorEvent.kind == "invalid_insight")))
         assert len(reasons) == 8 and all("recursion limit" in reason for reason in reasons)
 
 

@@ -206,7 +206,8 @@ payloads = st.one_of(
     contract_like.map(lambda value: json.dumps(value).encode()),
     st.lists(st.tuples(st.integers(0, 10_000), st.integers(0, 8), st.binary(max_size=4)), min_size=1, max_size=4)
     .map(lambda cuts: _mutate(valid_window_bytes, cuts)),
-    st.tuples(st.integers(1, 300) | st.integers(1_500, 5_000), st.sampled_from([b"[", b"{\"a\":", b"[{\"k\":"]), st.binary(max_size=8))
+    st.tuples(st.integers(1, 300) | st.integers(1_500, 5_000), st.sampled_from([b"[", b"{\"a\":", b"[{\"k\":"]),
+              st.binary(max_size=8))
     .map(lambda t: t[1] * t[0] + t[2]),
 )
 
@@ -233,7 +234,8 @@ texts = st.text(max_size=120)
 def chat_windows(draw) -> ChatWindow:
     chat_id = draw(identifiers)
     times = sorted(draw(st.lists(moments, min_size=1, max_size=6)))
-    messages = [ChatMessage(chat_id=chat_id, message_id=draw(identifiers), sender=draw(st.sampled_from(["customer", "agent", "bot"])),
+    senders = st.sampled_from(["customer", "agent", "bot"])
+    messages = [ChatMessage(chat_id=chat_id, message_id=draw(identifiers), sender=draw(senders),
                             user_id=draw(identifiers), text=draw(texts), sent_at=sent_at) for sent_at in times]
     if not any(m.text.strip() for m in messages):
         messages[0] = messages[0].model_copy(update={"text": draw(texts.filter(str.strip)) or "x"})
@@ -256,19 +258,21 @@ def chat_insights(draw) -> ChatInsight:
     sentiment = draw(st.sampled_from([-1, 0, 1]))
     top = draw(st.floats(0.34, 1.0))
     rest = (1.0 - top) / 2
-    scores = {label: top if value == sentiment else rest for value, label in ((-1, "negative"), (0, "neutral"), (1, "positive"))}
+    labels = ((-1, "negative"), (0, "neutral"), (1, "positive"))
+    scores = {label: top if value == sentiment else rest for value, label in labels}
     return ChatInsight(
         chat_id=chat.chat_id, window_id=chat.window_id, tenant=chat.tenant, language=chat.language,
         customer_id=chat.customer_id, closed=chat.closed, sentiment=sentiment, confidence=top, scores=scores,
-        summary=draw(st.text(min_size=1, max_size=512)), reply_draft=draw(st.none() | st.text(min_size=1, max_size=300)),
+        summary=draw(st.text(min_size=1, max_size=512)),
+        reply_draft=draw(st.none() | st.text(min_size=1, max_size=300)),
         flags=draw(st.lists(st.text(max_size=64), max_size=16)), model_id=draw(st.text(min_size=1, max_size=200)),
         prompt_version=draw(st.text(min_size=1, max_size=64)), published_at=draw(moments), analyzed_at=draw(moments),
         transcript=chat.messages)
 
 
 @EXAMPLES
-@given(chat_insights(), st.binary(max_size=300), st.dictionaries(st.text(max_size=20), st.text(max_size=40), max_size=4),
-       st.text(max_size=MAX_ERROR_CHARS))
+@given(chat_insights(), st.binary(max_size=300),
+       st.dictionaries(st.text(max_size=20), st.text(max_size=40), max_size=4), st.text(max_size=MAX_ERROR_CHARS))
 def test_insights_and_dead_letters_round_trip_through_their_json(insight_, payload, attributes, error_message):
     assert ChatInsight.model_validate_json(to_json_bytes(insight_)) == insight_
     letter = DeadLetter(payload=payload, attributes=attributes, stage="validate", error_class="ContractError",

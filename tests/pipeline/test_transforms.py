@@ -132,7 +132,8 @@ def test_poison_windows_are_dead_lettered_with_a_reason_and_the_rest_goes_on():
     with streaming_test_pipeline() as p:
         out = p | stream.advance_watermark_to_infinity() | ValidateWindows()
         capture(out.windows, valid, "valid", lambda ow: ow[1].chat_id)
-        capture(out[DEAD_LETTER], dead, "dead", lambda o: (o.message.payload, o.message.chat_id, o.message.error_message))
+        capture(out[DEAD_LETTER], dead, "dead",
+                lambda o: (o.message.payload, o.message.chat_id, o.message.error_message))
     assert sorted(valid) == sorted(json.loads(w)["chat_id"] for w in windows)
     reasons = {payload: (chat_id, reason) for payload, chat_id, reason in dead}
     assert set(reasons) == set(POISON)
