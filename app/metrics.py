@@ -51,6 +51,11 @@ class DashboardCollector:
         yield lag
         yield _family(GaugeMetricFamily, "subscriber_up", "1 while the subscriber's stream is running.",
                       [({"subscriber": s.name}, 1 if s.state == "running" else 0) for s in statuses])
+        yield _family(GaugeMetricFamily, "subscriber_failing",
+                      "Messages in a row that failed to store (0 after a success).",
+                      [({"subscriber": s.name}, s.failing) for s in statuses])
+        yield _family(GaugeMetricFamily, "subscriber_degraded", "1 while storing keeps failing (as /readyz says).",
+                      [({"subscriber": s.name}, 1 if s.degraded() else 0) for s in statuses])
         yield _family(CounterMetricFamily, "subscriber_reconnects", "Times a stream ended and was opened again.",
                       [({"subscriber": s.name}, s.reconnects) for s in statuses])
         yield _family(GaugeMetricFamily, "last_message_timestamp_seconds", "Unix time of the last message stored.",

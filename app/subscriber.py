@@ -7,7 +7,11 @@ opens a new client and stream after a growing pause. While idle it probes the
 subscription, so "reconnecting" is reported even while the library retries quietly.
 
 A message is acked only after its row is committed; when the database fails it is nacked
-(after a pause, so a dead database is not hammered) and Pub/Sub delivers it again.
+(after a pause, so a dead database is not hammered) and Pub/Sub delivers it again, up to
+the subscription's dead-letter policy (`chatlens.config.PubSubLayout.max_delivery_attempts`),
+which then moves it aside: nothing is redelivered forever. While storing keeps failing
+(`DEGRADED_AFTER` failures in a row, the last one recent) the subscriber reports itself
+degraded, and /readyz with it.
 """
 
 from __future__ import annotations
@@ -22,12 +26,21 @@ from typing import Any
 
 from app.crud.ingest import Outcome
 from app.models import utcnow
+from chatlens.contracts import MAX_PAYLOAD_BYTES
 
 log = logging.getLogger(__name__)
 
 Handler = Callable[..., Outcome]  # (data, *, message_id, attributes) -> Outcome
 INITIAL_BACKOFF = 0.5
 FAILED_MESSAGE_PAUSE = 1.0
+DEGRADED_AFTER = 3
+"""Failed outcomes in a row after which a subscriber is degraded (until one succeeds) ..."""
+DEGRADED_FOR_SECONDS = 60.0
+"""... or until this long after the last failure (nothing left to retry: Pub/Sub gave up on it)."""
+MAX_RECEIVE_BYTES = MAX_PAYLOAD_BYTES + 4 * 1024 * 1024
+"""gRPC receive limit of the channel to a local server: gRPC's default of 4 MiB would refuse any
+larger message (Pub/Sub allows 10 MB, plus attributes and framing) and the stream would be
+reopened, quietly, again and again, without the message ever being stored."""
 
 
 @dataclass
@@ -45,6 +58,14 @@ class SubscriberStatus:
     outcomes: dict[str, int] = field(default_factory=lambda: {o.value: 0 for o in Outcome} | {"failed": 0})
     lag_seconds_last: float | None = None
     lag_seconds_sum: float = 0.0
+    failing: int = 0  # failed outcomes since the last one that was not
+    last_failed_at: datetime | None = None
+
+    def degraded(self, now: datetime | None = None) -> bool:
+        """Storing keeps failing: the last DEGRADED_AFTER outcomes failed, the last one recently."""
+        if self.failing < DEGRADED_AFTER or self.last_failed_at is None:
+            return False
+        return ((now or utcnow()) - self.last_failed_at).total_seconds() < DEGRADED_FOR_SECONDS
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -53,6 +74,7 @@ class SubscriberStatus:
             "last_message_at": self.last_message_at.isoformat() if self.last_message_at else None,
             "last_error": self.last_error, "reconnects": self.reconnects, "received": self.received,
             "outcomes": dict(self.outcomes), "lag_seconds_last": self.lag_seconds_last,
+            "failing": self.failing, "degraded": self.degraded(),
         }
 
 
@@ -68,6 +90,8 @@ def make_client_factory(emulator_host: str | None) -> Callable[[], Any]:
         from google.pubsub_v1.services.subscriber.transports import SubscriberGrpcTransport
 
         channel = grpc.insecure_channel(emulator_host, options=[
+            ("grpc.max_receive_message_length", MAX_RECEIVE_BYTES),
+            ("grpc.max_send_message_length", MAX_RECEIVE_BYTES),
             ("grpc.initial_reconnect_backoff_ms", 200),
             ("grpc.min_reconnect_backoff_ms", 200),
             ("grpc.max_reconnect_backoff_ms", 2000),
@@ -225,6 +249,8 @@ class StreamSubscriber:
             log.exception("subscriber %s: could not store message %s", self._status.name, message.message_id)
             with self._lock:
                 self._status.outcomes["failed"] += 1
+                self._status.failing += 1
+                self._status.last_failed_at = utcnow()
                 self._status.last_error = f"storing failed: {error}"[:500]
             self._stopping.wait(FAILED_MESSAGE_PAUSE)
             message.nack()
@@ -235,6 +261,7 @@ class StreamSubscriber:
             status = self._status
             status.received += 1
             status.outcomes[outcome.value] += 1
+            status.failing = 0
             status.last_message_at = received_at
             if lag is not None:
                 status.lag_seconds_last = lag

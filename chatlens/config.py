@@ -29,9 +29,16 @@ class PubSubLayout:
     insights_subscription: str = "chat-insights-dashboard"
     deadletter_topic: str = "chat-deadletter"
     deadletter_subscription: str = "chat-deadletter-dashboard"
+    undeliverable_topic: str = "chat-dashboard-undeliverable"
+    """Where Pub/Sub moves a message the dashboard failed to store `max_delivery_attempts` times."""
+    undeliverable_subscription: str = "chat-dashboard-undeliverable-hold"
+    """Keeps those messages (nobody consumes it) for an operator to look at and publish again."""
+    max_delivery_attempts: int = 10
+    """Deliveries of one message to the dashboard before Pub/Sub gives up on it (5 to 100)."""
 
     def topics(self) -> list[str]:
-        return [self.windows_topic, self.messages_topic, self.insights_topic, self.deadletter_topic]
+        return [self.windows_topic, self.messages_topic, self.insights_topic, self.deadletter_topic,
+                self.undeliverable_topic]
 
     def subscriptions(self) -> dict[str, str]:
         """Subscription id -> topic id."""
@@ -40,7 +47,20 @@ class PubSubLayout:
             self.messages_subscription: self.messages_topic,
             self.insights_subscription: self.insights_topic,
             self.deadletter_subscription: self.deadletter_topic,
+            self.undeliverable_subscription: self.undeliverable_topic,
         }
+
+    def held_subscriptions(self) -> set[str]:
+        """Subscriptions that keep messages for people, consumed by no service."""
+        return {self.undeliverable_subscription}
+
+    def dead_letter_topics(self) -> dict[str, str]:
+        """Subscription id -> the topic id of its dead-letter policy: the dashboard's subscriptions,
+        so that a message it keeps failing to store (for a reason of its own: the database) is
+        not redelivered forever. The pipeline's are left without one: a runner acknowledges its
+        input when a bundle commits, and its own dead letters carry the reason."""
+        return {self.insights_subscription: self.undeliverable_topic,
+                self.deadletter_subscription: self.undeliverable_topic}
 
 
 LAYOUT = PubSubLayout()

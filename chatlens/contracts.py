@@ -9,9 +9,10 @@ is short enough to travel in a dead letter.
 
 from __future__ import annotations
 
-import json
 from datetime import datetime, timezone
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
+
+import pydantic_core
 
 from pydantic import (
     AwareDatetime,
@@ -230,18 +231,44 @@ def describe_validation_error(error: ValidationError, limit: int = 5) -> str:
     return "; ".join(problems)
 
 
+def _json_problem(error: ValidationError) -> str | None:
+    """The reason a payload is no JSON at all (pydantic's `json_invalid`), else None."""
+    for item in error.errors(include_url=False):
+        if item["type"] == "json_invalid":
+            reason = str((item.get("ctx") or {}).get("error") or item["msg"])
+            if "recursion limit" in reason:
+                return f"JSON nested too deeply ({reason})"
+            return f"not JSON: {reason}"
+    return None
+
+
 def _parse(model: type[_Contract], data: bytes | str) -> _Contract:
-    raw = data.encode("utf-8") if isinstance(data, str) else data
+    """Bytes from anywhere -> `model`, or a ContractError: nothing else escapes, whatever the bytes.
+
+    The JSON is read once, by pydantic's parser, which keeps its own bound on nesting
+    (200 levels): `[` * 100 000 is a reason, not a RecursionError, and the bound does not
+    depend on how deep the caller's stack already is.
+    """
+    raw = data.encode("utf-8", "surrogatepass") if isinstance(data, str) else data
     if len(raw) > MAX_PAYLOAD_BYTES:
         raise ContractError(f"payload is {len(raw)} bytes, more than {MAX_PAYLOAD_BYTES}")
     try:
-        json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise ContractError(f"not JSON: {error}") from None
-    try:
         return model.model_validate_json(raw)
     except ValidationError as error:
-        raise ContractError(f"not a valid {model.__name__}: {describe_validation_error(error)}") from None
+        reason = _json_problem(error) or f"not a valid {model.__name__}: {describe_validation_error(error)}"
+        raise ContractError(reason) from None
+    except Exception as error:  # noqa: BLE001 - untrusted input: whatever it provokes is a reason, not a crash
+        raise ContractError(f"could not be read ({type(error).__name__}: {error})") from None
+
+
+def json_object(data: bytes | str) -> dict[str, Any] | None:
+    """The JSON object `data` holds, or None when it holds none: never raises, whatever the bytes
+    (for peeking at an invalid payload, e.g. for the chat_id it claims)."""
+    try:
+        value = pydantic_core.from_json(data, allow_inf_nan=False)
+    except Exception:  # noqa: BLE001 - not JSON, nested too deeply, a number out of range, ...
+        return None
+    return value if isinstance(value, dict) else None
 
 
 def parse_window(data: bytes | str) -> ChatWindow:

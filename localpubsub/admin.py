@@ -58,7 +58,8 @@ def ensure_layout(project: str, layout: PubSubLayout = LAYOUT, *, emulator_host:
 
     `emulator_host` defaults to PUBSUB_EMULATOR_HOST; without either, real Pub/Sub is used.
     Existing resources are left as they are (a subscription attached to another
-    topic is only warned about: recreating it would drop its backlog).
+    topic is only warned about: recreating it would drop its backlog), except that a
+    subscription of `layout.dead_letter_topics()` without that dead-letter policy gets it.
     """
     from google.api_core.exceptions import AlreadyExists
 
@@ -74,17 +75,34 @@ def ensure_layout(project: str, layout: PubSubLayout = LAYOUT, *, emulator_host:
                 log.debug("%s already exists", path)
         for subscription_id, topic_id in layout.subscriptions().items():
             path, topic = subscription_path(project, subscription_id), topic_path(project, topic_id)
+            request: dict = {"name": path, "topic": topic}
+            policy = _dead_letter_policy(project, layout, subscription_id)
+            if policy:
+                request["dead_letter_policy"] = policy
             try:
-                subscriber.create_subscription(name=path, topic=topic)
+                subscriber.create_subscription(request=request)
                 created.append(path)
             except AlreadyExists:
-                attached = subscriber.get_subscription(subscription=path).topic
-                if attached != topic:
-                    log.warning("%s exists but is attached to %s, not %s", path, attached, topic)
+                existing = subscriber.get_subscription(subscription=path)
+                if existing.topic != topic:
+                    log.warning("%s exists but is attached to %s, not %s", path, existing.topic, topic)
+                elif policy and existing.dead_letter_policy.dead_letter_topic != policy["dead_letter_topic"]:
+                    # made before the policy existed: give it one (its backlog stays)
+                    subscriber.update_subscription(request={
+                        "subscription": {"name": path, "dead_letter_policy": policy},
+                        "update_mask": {"paths": ["dead_letter_policy"]}})
+                    log.info("%s: dead-letter policy set (%s)", path, policy["dead_letter_topic"])
     finally:
         publisher.transport.close()
         subscriber.close()
     return created
+
+
+def _dead_letter_policy(project: str, layout: PubSubLayout, subscription_id: str) -> dict | None:
+    topic_id = layout.dead_letter_topics().get(subscription_id)
+    if topic_id is None:
+        return None
+    return {"dead_letter_topic": topic_path(project, topic_id), "max_delivery_attempts": layout.max_delivery_attempts}
 
 
 def admin_clients(emulator_host: str | None = None):

@@ -31,6 +31,7 @@ from chatlens.contracts import (
     ChatMessage,
     DeadLetter,
     describe_validation_error,
+    json_object,
 )
 
 SYSTEM_ACTOR = "pipeline"
@@ -159,12 +160,18 @@ def _store_insight(db: Database, insight: ChatInsight, raw: bytes, message_id: s
         return Outcome.stored, current
 
 
-def _store_invalid(db: Database, source: str, kind: str, model: type, data: bytes, error: ValidationError, *,
+def _store_invalid(db: Database, source: str, kind: str, model: type, data: bytes, error: Exception, *,
                    message_id: str | None, attributes: dict[str, str] | None, received_at: datetime | None
                    ) -> Outcome:
-    """A message that is not the topic's contract: kept whole for the errors view, then acked."""
-    return store_error(db, source=source, kind=kind, payload=data, error_class="ValidationError",
-                       error_message=f"not a valid {model.__name__}: {describe_validation_error(error)}",
+    """A message that is not the topic's contract: kept whole for the errors view, then acked.
+
+    `error` is whatever reading it raised: a ValidationError, or anything else the bytes
+    provoke (they come from outside; an exception that escaped would be nacked and the
+    message redelivered again and again)."""
+    reason = (describe_validation_error(error) if isinstance(error, ValidationError)
+              else f"could not be read ({type(error).__name__}: {error})")
+    return store_error(db, source=source, kind=kind, payload=data, error_class=type(error).__name__,
+                       error_message=f"not a valid {model.__name__}: {reason}",
                        message_id=message_id, attributes=attributes, received_at=received_at)
 
 
@@ -175,7 +182,7 @@ def ingest_insight(db: Database, data: bytes, *, message_id: str | None = None,
     received_at = received_at or utcnow()
     try:
         insight = ChatInsight.model_validate_json(data)
-    except ValidationError as error:
+    except Exception as error:  # noqa: BLE001 - untrusted bytes: see _store_invalid
         return _store_invalid(db, "insights", INVALID_INSIGHT, ChatInsight, data, error, message_id=message_id,
                               attributes=attributes, received_at=received_at)
     for attempt in range(INTEGRITY_RETRIES):
@@ -216,7 +223,7 @@ def ingest_dead_letter(db: Database, data: bytes, *, message_id: str | None = No
     once per input (`dead_letter_key`), others once per Pub/Sub message."""
     try:
         letter = DeadLetter.model_validate_json(data)
-    except ValidationError as error:
+    except Exception as error:  # noqa: BLE001 - untrusted bytes: see _store_invalid
         return _store_invalid(db, "deadletter", INVALID_DEAD_LETTER, DeadLetter, data, error, message_id=message_id,
                               attributes=attributes, received_at=received_at)
     pubsub = {f"pubsub.{name}": value for name, value in (attributes or {}).items()}
@@ -231,27 +238,36 @@ def ingest_dead_letter(db: Database, data: bytes, *, message_id: str | None = No
 
 
 def _guess_chat_id(payload: bytes, attributes: dict[str, str]) -> str | None:
+    """The chat an unusable payload claims, for the errors view; None when it claims none.
+    Never raises, whatever the payload (`json_object`): it runs while an error row is stored."""
     if attributes.get("chat_id"):
         return attributes["chat_id"][:200]
-    try:
-        value = json.loads(payload).get("chat_id")
-    except (ValueError, AttributeError, UnicodeDecodeError):
-        return None
+    value = (json_object(payload) or {}).get("chat_id")
     return value[:200] if isinstance(value, str) else None
+
+
+def _storable(text: str | None, length: int | None = None) -> str | None:
+    """Text any database stores: no NUL characters (PostgreSQL's text types refuse them; SQLite
+    keeps them) and at most `length` characters (PostgreSQL refuses longer ones for a String(n))."""
+    return text.replace("\x00", "\N{REPLACEMENT CHARACTER}")[:length] if text else text
 
 
 def store_error(db: Database, *, source: str, kind: str, payload: bytes, error_message: str,
                 error_class: str | None = None, stage: str | None = None, chat_id: str | None = None,
                 failed_at: datetime | None = None, message_id: str | None = None,
                 attributes: dict[str, str] | None = None, received_at: datetime | None = None) -> Outcome:
-    """Keep a message that could not be used, once per `message_id` (a pipeline dead letter's: its key)."""
-    attributes = dict(attributes or {})
+    """Keep a message that could not be used, once per `message_id` (a pipeline dead letter's: its key).
+
+    Raises only when the database fails: the texts are cleaned (`_storable`) and the chat id
+    guessed defensively, so no payload can make storing its error row fail."""
+    attributes = {_storable(str(k)): _storable(str(v)) for k, v in (attributes or {}).items()}
+    error_message, error_class, stage = _storable(error_message), _storable(error_class, 200), _storable(stage, 64)
     try:
         with db.writing() as session:
             if message_id and session.scalar(select(ErrorEvent.id).where(
                     ErrorEvent.source == source, ErrorEvent.message_id == message_id)) is not None:
                 return Outcome.duplicate
-            chat_id = chat_id or _guess_chat_id(payload, attributes)
+            chat_id = _storable(chat_id or _guess_chat_id(payload, attributes), 200)
             session.add(ErrorEvent(
                 source=source, kind=kind, message_id=message_id, stage=stage, error_class=error_class,
                 error_message=error_message, chat_id=chat_id, payload=payload, attributes=attributes,

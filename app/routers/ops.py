@@ -22,7 +22,9 @@ def healthz() -> dict[str, str]:
 
 @router.get("/readyz")
 def readyz(ctx: Ctx) -> JSONResponse:
-    """Ready when the database answers and every subscriber's stream is running."""
+    """Ready (200) when the database answers, every subscriber's stream is running and none
+    is degraded; otherwise 503, with status "not ready" (database or stream down) or
+    "degraded" (streams up, but a subscriber's recent messages all failed to store)."""
     database = ctx.db.ping()
     feed = ctx.feed_state()
     # Error text can carry SQL parameters: it goes to the logs and /metrics, not to this open probe.
@@ -31,11 +33,12 @@ def readyz(ctx: Ctx) -> JSONResponse:
         status = subscriber.status().as_dict()
         status["has_error"] = status.pop("last_error") is not None
         subscribers.append(status)
-    ready = database and feed in ("running", "off")
+    degraded = [status["name"] for status in subscribers if status["degraded"]]
+    up = database and feed in ("running", "off")
+    state = "ready" if up and not degraded else "degraded" if up else "not ready"
     return JSONResponse(
-        {"status": "ready" if ready else "not ready", "database": database, "feed": feed,
-         "subscribers": subscribers},
-        status_code=200 if ready else 503,
+        {"status": state, "database": database, "feed": feed, "degraded": degraded, "subscribers": subscribers},
+        status_code=200 if state == "ready" else 503,
     )
 
 

@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 from collections.abc import Iterable, Sequence
 from datetime import datetime, timezone
 from typing import Any
 
-from chatlens.contracts import MAX_ERROR_CHARS, MAX_PAYLOAD_BYTES, SCHEMA_VERSION, DeadLetter, shorten_error
+from chatlens.contracts import (
+    MAX_ERROR_CHARS,
+    MAX_PAYLOAD_BYTES,
+    SCHEMA_VERSION,
+    DeadLetter,
+    json_object,
+    shorten_error,
+)
 from pipeline.metrics import Counter
 from pipeline.transforms.records import Output, utc
 
@@ -21,10 +27,7 @@ MAX_DEAD_LETTER_PAYLOAD = (MAX_PAYLOAD_BYTES - 512 * 1024) * 3 // 4 - MAX_ERROR_
 
 def claimed_chat_id(data: bytes) -> str | None:
     """The chat_id an invalid payload claims, when it is readable (for routing the dead letter)."""
-    try:
-        value = json.loads(data).get("chat_id")
-    except (ValueError, AttributeError, UnicodeDecodeError):
-        return None
+    value = (json_object(data) or {}).get("chat_id")
     return value if isinstance(value, str) and 0 < len(value) <= 128 and value.isprintable() else None
 
 

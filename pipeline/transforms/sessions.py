@@ -154,7 +154,7 @@ class _BuildSessionWindowFn(beam.DoFn):
         final = pane.timing in (PaneInfoTiming.ON_TIME, PaneInfoTiming.LATE) or any(e.closed for e in events)
         try:
             tagged = build_session_window(chat_id, events)
-        except ContractError as error:
+        except Exception as error:  # noqa: BLE001 - messages from outside: a failing bundle would be retried forever
             if not final:
                 self.skipped.inc()
                 return

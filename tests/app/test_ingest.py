@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import io
+import itertools
 import json
 from datetime import datetime, timedelta
 from typing import Annotated, Literal
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from tests.support.app import T0, insight_bytes, make_insight, sqlite_url
 from pydantic import AwareDatetime, StringConstraints
 from sqlalchemy import JSON, Boolean, Float, Integer, Text, func, select
@@ -17,7 +20,7 @@ from app.crud.chats import QueueFilter
 from app.crud.ingest import Outcome, ingest_dead_letter, ingest_insight, waiting_since
 from app.db import Database
 from app.models import CHAT_WINDOW_COPY, Chat, ErrorEvent, Event, Insight, UTCDateTime, column_type
-from chatlens.contracts import ANALYSIS_FIELDS, ChatAnalysis, DeadLetter, SentimentScores
+from chatlens.contracts import ANALYSIS_FIELDS, ChatAnalysis, ChatInsight, DeadLetter, SentimentScores
 from cli.main import main as chatlens
 
 
@@ -192,3 +195,94 @@ def test_users_command_adds_lists_and_disables(tmp_path, monkeypatch, capsys):
     assert chatlens(["users", "--database-url", url, "enable", "alice"]) == 0
     assert users.authenticate(database, "ALICE", "s3cret-enough").role == "supervisor"
     database.dispose()
+
+
+# ---- no payload stops ingest (issue 32) ------------------------------------------------------------
+# Whatever is published to the two topics ends as exactly one row: an insight, or an error row
+# with the reason. One that raised instead would be nacked and redelivered, again and again.
+
+def rows(db: Database) -> tuple[int, int]:
+    return count(db, Insight), count(db, ErrorEvent)
+
+
+NESTED = b"[" * 3_000
+
+
+def test_deeply_nested_payloads_become_error_rows_not_exceptions(db):
+    assert ingest_insight(db, NESTED, message_id="i1") == Outcome.invalid  # was a RecursionError
+    assert ingest_insight(db, b'{"chat_id": ' + b"1" * 5_000 + b"}", message_id="i2") == Outcome.invalid
+    nested_letter = DeadLetter.from_exception(b"[" * 100_000, "validate", ValueError("nested"))
+    assert ingest_dead_letter(db, nested_letter.model_dump_json().encode(), message_id="d1") == Outcome.stored
+    assert ingest_dead_letter(db, NESTED, message_id="d2") == Outcome.invalid
+    with db.read() as session:
+        stored = list(session.scalars(select(ErrorEvent).order_by(ErrorEvent.id)))
+    assert [row.kind for row in stored] == ["invalid_insight", "invalid_insight", "dead_letter", "invalid_dead_letter"]
+    assert "recursion limit" in stored[0].error_message and stored[0].payload == NESTED
+    assert stored[2].payload == b"[" * 100_000 and stored[2].chat_id is None
+    assert count(db, Insight) == 0
+
+
+def test_error_rows_keep_what_any_database_can_store(db):
+    """NUL characters (PostgreSQL's text refuses them) and over-long ids from outside are cleaned."""
+    letter = DeadLetter.from_exception(b"x", "validate\x00", ValueError("bad\x00"), chat_id="c" * 500)
+    assert ingest_dead_letter(db, letter.model_dump_json().encode(), message_id="d1",
+                              attributes={"k\x00": "v\x00"}) == Outcome.stored
+    assert ingest_insight(db, b'{"chat_id": "a\\u0000b"}', message_id="i1") == Outcome.invalid
+    with db.read() as session:
+        letter_row, insight_row_ = session.scalars(select(ErrorEvent).order_by(ErrorEvent.id))
+    assert "\x00" not in letter_row.error_message + letter_row.stage + json.dumps(letter_row.attributes)
+    assert len(letter_row.chat_id) == 200 and insight_row_.chat_id == "a\N{REPLACEMENT CHARACTER}b"
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=10), inner, max_size=4),
+    max_leaves=10,
+)
+insight_fields = st.sampled_from([*ChatInsight.model_fields, *DeadLetter.model_fields, "extra"])
+raw_payloads = st.one_of(
+    st.binary(max_size=400),
+    json_values.map(lambda value: json.dumps(value).encode()),
+    st.dictionaries(insight_fields, json_values, max_size=8).map(lambda value: json.dumps(value).encode()),
+    st.tuples(st.integers(1, 300) | st.integers(1_500, 5_000), st.sampled_from([b"[", b'{"chat_id":']))
+    .map(lambda t: t[1] * t[0]),
+)
+attribute_maps = st.dictionaries(st.sampled_from(["chat_id", "source_key", "k", ""]), st.text(max_size=30), max_size=3)
+valid_insights = st.builds(
+    lambda n, sentiment, summary, texts: insight_bytes(make_insight(
+        f"h-{n}", "w1", sentiment, [("customer", t) for t in texts], summary=summary or None)),
+    st.integers(0, 50), st.sampled_from([-1, 0, 1]), st.text(max_size=100), st.lists(st.text(max_size=50), min_size=1,
+                                                                                       max_size=3))
+letters = st.builds(
+    lambda payload, chat_id, attributes, message: DeadLetter(
+        payload=payload, attributes=attributes, stage="validate", error_class="ContractError",
+        error_message=message, chat_id=chat_id, failed_at=T0).model_dump_json().encode(),
+    raw_payloads, st.none() | st.text(max_size=300), st.dictionaries(st.text(max_size=10), st.text(max_size=10),
+                                                                     max_size=3), st.text(max_size=200))
+MESSAGE_IDS = itertools.count()
+INGEST_EXAMPLES = settings(max_examples=60, deadline=None, database=None,
+                           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+
+
+@INGEST_EXAMPLES
+@given(data=st.data())
+def test_any_payload_on_either_topic_ends_as_exactly_one_row(db, data):
+    """One row per new message id whatever the bytes: a stored insight, a duplicate of one
+    already stored (no row), or an error row; never an exception (which would mean a nack)."""
+    topic = data.draw(st.sampled_from(["insights", "deadletters"]))
+    payload = data.draw(st.one_of(raw_payloads, valid_insights if topic == "insights" else letters))
+    attributes = data.draw(attribute_maps)
+    message_id = f"m-{next(MESSAGE_IDS)}"  # a new Pub/Sub message each time
+    before = rows(db)
+    ingest = ingest_insight if topic == "insights" else ingest_dead_letter
+    outcome = ingest(db, payload, message_id=message_id, attributes=attributes)
+    after = rows(db)
+    added = (after[0] - before[0], after[1] - before[1])
+    expected = {Outcome.stored: {(1, 0)} if topic == "insights" else {(0, 1)}, Outcome.invalid: {(0, 1)},
+                Outcome.duplicate: {(0, 0)}}[outcome]
+    assert added in expected, (outcome, added)
+    if outcome == Outcome.duplicate:  # only a window or dead letter already stored under its own key
+        assert topic == "insights" or attributes.get("source_key")
+    assert ingest(db, payload, message_id=message_id, attributes=attributes) in (Outcome.duplicate, Outcome.stored)
+    if topic == "deadletters" or outcome != Outcome.stored:
+        assert rows(db) == after  # the same message again: no second row

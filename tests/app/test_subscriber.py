@@ -151,3 +151,94 @@ def test_subscriber_reconnects_after_the_pubsub_server_restarts(tmp_path):
         server.stop()
         if replacement is not None:
             replacement.stop()
+
+
+# ---- no poison message, no message too big, no message retried forever (issue 32) -----------------
+def test_poison_messages_become_error_rows_and_the_valid_ones_after_them_are_stored(tmp_path, emulator, publish):
+    """Eight deeply nested payloads used to raise RecursionError while their error row was stored,
+    be nacked and come back every second: with 8 leased at a time, nothing else was ever stored."""
+    nested_letter = DeadLetter.from_exception(b"[" * 100_000, "validate", ValueError("nested"))  # no chat_id: guessed
+    publish(INSIGHTS, *[b"[" * 3_000] * 8)
+    publish(DEAD_LETTERS, nested_letter.model_dump_json().encode(), b"[" * 3_000)
+    publish(INSIGHTS, *insights(3, "after"))
+    app = create_app(dashboard_settings(sqlite_url(tmp_path), emulator=emulator, subscriber_max_messages=8))
+    with TestClient(app) as client:
+        started = time.monotonic()
+        wait_until(lambda: rows(app) == 3 and rows(app, ErrorEvent) == 10, 30,
+                   message="3 insights and 10 error rows")
+        print(f"poison: 10 poison messages and 3 valid insights stored in {time.monotonic() - started:.1f} s")
+        time.sleep(1.5)  # a nacked message would be back by now
+        insights_status, letters_status = (s.status() for s in app.state.ctx.subscribers)
+        assert insights_status.outcomes == {"stored": 3, "duplicate": 0, "invalid": 8, "failed": 0}
+        assert letters_status.outcomes == {"stored": 1, "duplicate": 0, "invalid": 1, "failed": 0}
+        assert client.get("/readyz").json()["status"] == "ready"
+        with app.state.ctx.db.read() as session:
+            reasons = list(session.scalars(
+                select(ErrorEvent.error_message).where(ErrorEvent.kind == "invalid_insight")))
+        assert len(reasons) == 8 and all("recursion limit" in reason for reason in reasons)
+
+
+def test_messages_up_to_pubsubs_limit_are_received_and_stored(tmp_path, emulator, publish):
+    """gRPC's default 4 MiB receive limit refused larger messages: the stream was reopened quietly,
+    again and again, and the message never stored nor reported."""
+    big, biggest = b"x" * (5 * 1024 * 1024), b"y" * 9_000_000  # Pub/Sub takes up to 10 MB per publish
+    publish(INSIGHTS, big, biggest, *insights(1, "after-big"))
+    app = create_app(dashboard_settings(sqlite_url(tmp_path), emulator=emulator))
+    with TestClient(app):
+        wait_until(lambda: rows(app) == 1 and rows(app, ErrorEvent) == 2, 30, message="1 insight and 2 error rows")
+        with app.state.ctx.db.read() as session:
+            sizes = sorted(len(payload) for payload in session.scalars(select(ErrorEvent.payload)))
+        assert sizes == [len(big), len(biggest)]
+        assert app.state.ctx.subscribers[0].status().reconnects == 0
+
+
+def test_a_message_that_keeps_failing_is_dead_lettered_after_bounded_attempts_and_readyz_says_degraded(
+        tmp_path, emulator, publish, monkeypatch):
+    """The database refuses every insight (a trigger, as a full disk or a broken migration would):
+    the insight is redelivered `max_delivery_attempts` times, then Pub/Sub moves it to the
+    undeliverable topic's hold subscription; meanwhile /readyz says degraded, not ready."""
+    import sqlite3
+    from contextlib import closing
+
+    from chatlens.config import subscription_path
+    from tests.support.pipeline import Collector
+
+    monkeypatch.setenv("PUBSUB_EMULATOR_HOST", emulator)
+    database = tmp_path / "dashboard.db"
+    app = create_app(dashboard_settings(f"sqlite:///{database}", emulator=emulator))
+    held = Collector(subscription_path(DEFAULT_PROJECT, LAYOUT.undeliverable_subscription))
+    try:
+        with TestClient(app) as client:
+            assert client.get("/readyz").status_code == 200
+            with closing(sqlite3.connect(database)) as db:
+                db.execute("CREATE TRIGGER refuse BEFORE INSERT ON insights "
+                           "BEGIN SELECT RAISE(ABORT, 'database refuses (test)'); END")
+                db.commit()
+            started = time.monotonic()
+            stuck = insights(1, "stuck")
+            publish(INSIGHTS, *stuck)
+            subscriber = app.state.ctx.subscribers[0]
+            wait_until(lambda: client.get("/readyz").json()["status"] == "degraded", 20, message="degraded")
+            ready = client.get("/readyz")
+            assert ready.status_code == 503 and ready.json()["degraded"] == ["insights"]
+            assert ready.json()["feed"] == "running" and ready.json()["database"] is True
+            wait_until(lambda: len(held) == 1, 60, message="the insight in the hold subscription")
+            given_up = time.monotonic() - started
+            data, attributes = held.messages[0]
+            assert data == stuck[0]
+            assert attributes["CloudPubSubDeadLetterSourceDeliveryCount"] == str(LAYOUT.max_delivery_attempts)
+            failed = subscriber.status().outcomes["failed"]
+            assert failed == LAYOUT.max_delivery_attempts
+            time.sleep(2)
+            assert subscriber.status().outcomes["failed"] == failed  # not delivered again
+            print(f"bounded retries: {failed} failed deliveries, then held after {given_up:.1f} s")
+
+            with closing(sqlite3.connect(database)) as db:
+                db.execute("DROP TRIGGER refuse")
+                db.commit()
+            publish(INSIGHTS, *insights(1, "later"))
+            wait_until(lambda: rows(app) == 1, 20, message="the next insight")
+            assert client.get("/readyz").status_code == 200
+            assert 'chatlens_dashboard_subscriber_degraded{subscriber="insights"} 0.0' in client.get("/metrics").text
+    finally:
+        held.close()

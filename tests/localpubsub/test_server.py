@@ -995,13 +995,27 @@ def test_pubsub_init_creates_the_layout_idempotently(pubsub_server):
     publisher, subscriber = admin_clients(pubsub_server)
     try:
         assert {t.name for t in publisher.list_topics(project=f"projects/{PROJECT}")} == expected_topics
-        subscriptions = {s.name: s.topic for s in subscriber.list_subscriptions(project=f"projects/{PROJECT}")}
+        listed = {s.name: s for s in subscriber.list_subscriptions(project=f"projects/{PROJECT}")}
+        # A subscription made before the dashboard's got a dead-letter policy gets it from the next run.
+        insights = subscription_path(PROJECT, LAYOUT.insights_subscription)
+        subscriber.update_subscription(request={"subscription": {"name": insights, "dead_letter_policy": {}},
+                                                "update_mask": {"paths": ["dead_letter_policy"]}})
+        assert not subscriber.get_subscription(subscription=insights).dead_letter_policy.dead_letter_topic
+        assert ensure_layout(PROJECT, emulator_host=pubsub_server) == []
+        repaired = subscriber.get_subscription(subscription=insights).dead_letter_policy
     finally:
         publisher.transport.close()
         subscriber.close()
-    assert subscriptions == {
+    assert {name: s.topic for name, s in listed.items()} == {
         subscription_path(PROJECT, s): topic_path(PROJECT, t) for s, t in LAYOUT.subscriptions().items()
     }
+    # The dashboard's subscriptions give up on a message after a bounded number of deliveries.
+    policies = {name: (s.dead_letter_policy.dead_letter_topic, s.dead_letter_policy.max_delivery_attempts)
+                for name, s in listed.items() if s.dead_letter_policy.dead_letter_topic}
+    undeliverable = topic_path(PROJECT, LAYOUT.undeliverable_topic)
+    assert policies == {subscription_path(PROJECT, s): (undeliverable, LAYOUT.max_delivery_attempts)
+                        for s in (LAYOUT.insights_subscription, LAYOUT.deadletter_subscription)}
+    assert (repaired.dead_letter_topic, repaired.max_delivery_attempts) == (undeliverable, LAYOUT.max_delivery_attempts)
 
 
 def free_port() -> int:

@@ -118,6 +118,43 @@ def test_windows_validate_and_malformed_input_goes_to_dead_letters():
     assert "chat_id" not in by_payload[not_utf8].attributes and by_payload[oversized].attributes["chat_id"] == "big-001"
 
 
+POISON = [b"[" * 100_000, b'{"chat_id": "p-1", "x": ' + b"[" * 5_000, b"1" * 5_000]
+"""Inputs that made the validate step raise (RecursionError, ValueError) instead of dead-lettering:
+the bundle failed, and a streaming runner retries a failed bundle forever (issue 32)."""
+
+
+def test_poison_windows_are_dead_lettered_with_a_reason_and_the_rest_goes_on():
+    windows = e2e_windows()[:4]
+    stream = EventStream().advance_watermark_to(NOW)
+    for i, data in enumerate([windows[0], *POISON[:2], windows[1], POISON[2], *windows[2:]]):
+        stream = stream.add_elements([at(i, envelope(data, f"id-{i}"))])
+    valid, dead = [], []
+    with streaming_test_pipeline() as p:
+        out = p | stream.advance_watermark_to_infinity() | ValidateWindows()
+        capture(out.windows, valid, "valid", lambda ow: ow[1].chat_id)
+        capture(out[DEAD_LETTER], dead, "dead",
+                lambda o: (o.message.payload, o.message.chat_id, o.message.error_message))
+    assert sorted(valid) == sorted(json.loads(w)["chat_id"] for w in windows)
+    reasons = {payload: (chat_id, reason) for payload, chat_id, reason in dead}
+    assert set(reasons) == set(POISON)
+    assert reasons[POISON[0]] == (None, reasons[POISON[0]][1]) and "nested too deeply" in reasons[POISON[0]][1]
+    assert "nested too deeply" in reasons[POISON[1]][1] and "not JSON" in reasons[POISON[2]][1]
+
+
+def test_poison_messages_are_dead_lettered_and_their_chats_still_fire():
+    stream = (
+        EventStream().advance_watermark_to(NOW)
+        .add_elements([at(1, envelope(chat_message("c1", 1), "p1")), at(2, envelope(POISON[0], "x1"))])
+        .add_elements([at(3, envelope(POISON[1], "x2")), at(4, envelope(chat_message("c1", 2, sender="agent"), "p2"))])
+        .add_elements([at(5, envelope(POISON[2], "x3"))])
+        .advance_watermark_to_infinity()
+    )
+    fired, dead = sessionize(stream, count=100)
+    assert [f[2] for f in fired if f[0] == "c1"][-1] == ids("c1", 1, 2)
+    assert sorted(d[3] for d in dead) == [("x1",), ("x2",), ("x3",)]
+    assert all(d[1] == "validate" for d in dead) and sum("nested too deeply" in d[2] for d in dead) == 2
+
+
 def test_oversized_payload_is_dead_lettered_and_still_fits_a_pubsub_message():
     payload = b'{"chat_id": "huge-001", "padding": "' + b"x" * MAX_PAYLOAD_BYTES + b'"}'
     with batch_test_pipeline() as p:

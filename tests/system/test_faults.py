@@ -11,6 +11,8 @@ dashboard's SQLite database read directly.
    topics and subscriptions, and every window published afterwards is stored, unattended.
    With `--data-dir` it comes back with its topics, subscriptions and unacked messages: a
    kill -9 mid-flow loses no input, and stock subscribers carry on without NOT_FOUND.
+3. Poison messages (100 kB of '[' and its kin) into both pipelines and straight into the
+   dashboard: each is one error row with its reason, and every valid input around it is stored.
 
 The Pub/Sub server delivers as badly as at-least-once allows throughout (worst-case
 delivery: out of order, about 2% of messages twice).
@@ -29,6 +31,7 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import closing, contextmanager
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
@@ -486,3 +489,61 @@ def test_pubsub_server_with_a_data_dir_killed_mid_flow_comes_back_with_everythin
               f"{data.name}/); all {total} inputs stored once {took:.1f} s after the second publish; "
               f"the tap got {copies} spontaneous copies; after the restart: {summary[-1] if summary else '?'}")
         assert (data / "journal.jsonl").exists()
+
+
+# ---- 3. poison messages -----------------------------------------------------------------------------
+@pytest.mark.slow  # `chatlens pipeline` (both modes) and `chatlens dashboard` subprocesses, end to end
+@pytest.mark.timeout(420)
+def test_poison_messages_into_the_running_pipelines_and_dashboard_stop_nothing(pubsub_server, tmp_path, monkeypatch):
+    """Issue 32: 100 kB of '[' (and its kin) on the input topics of the windows and messages
+    pipelines, and nested JSON straight on the dashboard's two topics with SUBSCRIBER_MAX_MESSAGES=8.
+    Each poison message ends as one error row with its reason; every valid input around it is stored."""
+    from localpubsub.admin import ensure_layout
+    from tests.support.pipeline import message_json
+
+    from chatlens.contracts import DeadLetter
+
+    monkeypatch.setenv("PUBSUB_EMULATOR_HOST", pubsub_server)
+    ensure_layout(PROJECT)
+    database = tmp_path / "dashboard.db"
+    poison = [b"[" * 100_000, b'{"chat_id": "p-poison", "x": ' + b"[" * 5_000, b"1" * 5_000]
+    good = windows("p", 12)
+    now = datetime.now(timezone.utc)
+    chat = [message_json("pm-1", 1, "My parcel never arrived.", now - timedelta(seconds=20)),
+            message_json("pm-1", 2, "Sorry, I will send a new one today.", now - timedelta(seconds=10), "agent", "agent-1")]
+    nested_letter = DeadLetter.from_exception(b"[" * 100_000, "validate", ValueError("nested")).model_dump_json()
+    with running() as services:
+        board = dashboard(tmp_path, pubsub_server, database, free_port())
+        board.env["CHATLENS_SUBSCRIBER_MAX_MESSAGES"] = "8"
+        services.append(board.start())
+        windows_pipeline = pipeline(tmp_path, pubsub_server, "pipeline-windows").start()
+        services.append(windows_pipeline)
+        messages_pipeline = PipelineProcess(pubsub_server, tmp_path / "pipeline-messages.log", "--mode", "messages",
+                                            "--model-stage", "noop", "--max-batch-size", "4",
+                                            "--max-batch-duration-secs", "1").start()
+        services.append(messages_pipeline)
+        for process in (windows_pipeline, messages_pipeline):
+            wait_for(lambda: process.log_contains("running;"), 120, 0.2, "the pipelines to run", services)
+
+        started = time.monotonic()
+        publish_all(topic_path(PROJECT, LAYOUT.insights_topic), [b"[" * 3_000] * 8)
+        publish_all(topic_path(PROJECT, LAYOUT.deadletter_topic), [nested_letter.encode()])
+        publish_all(topic_path(PROJECT, LAYOUT.windows_topic), interleave(good, poison))
+        publish_all(topic_path(PROJECT, LAYOUT.messages_topic), [chat[0], poison[0], chat[1]],
+                    [{}, {}, {"closed": "true"}])
+        expected = len(good) + 1 + 8 + 1 + len(poison) + 1
+        took = wait_for(lambda: rows(database) >= expected, 180, 0.2, "every input's row", services)
+        time.sleep(3)  # nothing more may arrive
+        insights, letters, other = stored(database)
+        assert Counter(insights) == Counter([json.loads(w)["chat_id"] for w in good] + ["pm-1"])
+        assert Counter(other) == {"invalid_insight": 8}
+        assert Counter(letters) == Counter([*poison, poison[0], b"[" * 100_000])
+        with closing(sqlite3.connect(f"file:{database}?mode=ro", uri=True)) as db:
+            reasons = {(bytes(payload)[:30], reason) for payload, reason in db.execute(
+                "SELECT payload, error_message FROM error_events WHERE kind = 'dead_letter' AND stage = 'validate' "
+                "AND error_message != 'nested'")}
+        assert len(reasons) == 3 and all("nested too deeply" in r or "not JSON" in r for _, r in reasons), reasons
+        assert all(s.alive() for s in services)
+        print(f"\npoison: {len(poison)} + 1 poison inputs into the windows and messages pipelines, 9 straight "
+              f"into the dashboard: {len(good)} + 1 valid chats around them and every poison message stored "
+              f"({expected} rows) {took:.1f} s after the publish")
