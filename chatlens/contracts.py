@@ -140,6 +140,11 @@ class ChatAnalysis(_Contract):
     summary: Annotated[str, StringConstraints(min_length=1, max_length=MAX_SUMMARY_CHARS)]
     reply_draft: Annotated[str, StringConstraints(min_length=1, max_length=MAX_REPLY_CHARS)] | None
     flags: list[Annotated[str, StringConstraints(max_length=64)]] = Field(default_factory=list, max_length=16)
+    # How sure the model was of its summary and of its reply (the geometric mean probability of their
+    # tokens), None where the model measures none. A reply it was unsure of is not offered: `reply_draft`
+    # is None, flag "draft_withheld"; an unsure summary is flagged "summary_unsure".
+    summary_confidence: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
+    reply_confidence: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
 
     @model_validator(mode="after")
     def _check_sentiment(self) -> ChatAnalysis:

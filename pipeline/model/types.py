@@ -59,6 +59,10 @@ class WindowAnalysis:
     prompt_version: str
     flags: tuple[str, ...] = ()
     reply_draft: str | None = None
+    # The model's confidence in its summary and reply, 0-1 (decoding/one_pass.token_confidence); None where the
+    # engine measures none. A reply withheld by the offer policy (decoding/offer.py) keeps its confidence.
+    summary_confidence: float | None = None
+    reply_confidence: float | None = None
 
     @property
     def sentiment(self) -> int:

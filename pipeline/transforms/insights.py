@@ -39,6 +39,8 @@ def build_insight(origin: Origin, chat: ChatWindow, analysis: Any, analyzed_at: 
         summary=analysis.summary,
         reply_draft=analysis.reply_draft,
         flags=flags,
+        summary_confidence=getattr(analysis, "summary_confidence", None),
+        reply_confidence=getattr(analysis, "reply_confidence", None),
         model_id=analysis.model_id,
         prompt_version=analysis.prompt_version,
         published_at=origin.published_at,

@@ -51,7 +51,16 @@ def live_insight():
         reply="I'm so sorry your order never reached you. I've refunded order 31002 in full; "
               "the money will be back on your card within 3-5 days.",
         flags=["refund_request", "missing_order"],
-    )
+    ).model_copy(update={"summary_confidence": 0.91, "reply_confidence": 0.87})
+
+
+def unsure_insight():
+    """A chat whose draft the model was unsure of: withheld, its summary flagged (pipeline/model/decoding/offer.py)."""
+    return make_insight(
+        "zz-unsure", "w1", -1, [("customer", "The thing you sent is not what I had in mind at all.")],
+        tenant="flyway", customer_id="cust-unsure", reply=None, flags=["draft_withheld", "summary_unsure"],
+        start=datetime.now(timezone.utc) - timedelta(minutes=4),
+    ).model_copy(update={"summary_confidence": 0.31, "reply_confidence": 0.22})
 
 
 def login(page, base: str, username: str) -> None:
@@ -70,7 +79,8 @@ def test_live_queue_review_and_audit_in_chromium(tmp_path, pubsub_server):
     store(url, *sample_queue(),
           make_insight("zz-xss", "w1", 1, [("customer", XSS_TEXT)], tenant="flyway", customer_id="cust-xss",
                        summary=f"Customer wrote {XSS_TEXT}", reply=f"Reply {XSS_TEXT}",
-                       start=datetime.now(timezone.utc) - timedelta(minutes=3)))
+                       start=datetime.now(timezone.utc) - timedelta(minutes=3)),
+          unsure_insight())
     app = create_app(dashboard_settings(url, emulator=pubsub_server))
     ARTIFACTS.mkdir(exist_ok=True)
     dialogs: list[str] = []
@@ -93,6 +103,15 @@ def test_live_queue_review_and_audit_in_chromium(tmp_path, pubsub_server):
         expect(page.locator("#draft")).to_have_value(f"Reply {XSS_TEXT}")
         assert page.locator("#chat img").count() == 0
 
+        # A draft the model was unsure of is not offered, and the page says so plainly.
+        page.locator('a.chat-row[data-chat-id="zz-unsure"]').click()
+        expect(page.get_by_test_id("draft-withheld")).to_have_text(
+            "No draft: the model was unsure (22% confidence). Write the reply yourself.")
+        expect(page.locator(".reply-state")).to_have_text("No draft: the model was unsure")
+        expect(page.get_by_test_id("summary-confidence")).to_contain_text(
+            "The model was unsure of this summary (31% confidence)")
+        expect(page.locator("#draft")).to_have_value("")
+
         # A new insight published to Pub/Sub appears without a reload.
         page.evaluate("window.__sameDocument = true")
         client = publisher(pubsub_server)
@@ -106,6 +125,8 @@ def test_live_queue_review_and_audit_in_chromium(tmp_path, pubsub_server):
         new_row.click()
         expect(page.locator("#chat")).to_have_attribute("data-chat-id", "qb-31002")
         expect(page).to_have_url(f"{base}/chats/qb-31002")
+        expect(page.locator(".reply-state")).to_have_text("Drafted by ChatLens · 87% model confidence")
+        expect(page.get_by_test_id("summary-confidence")).to_have_text("Summary: 91% model confidence")
         page.locator("#chat-title").click()  # focus on the page, not in a field
         page.keyboard.press("e")
         expect(page.locator("#draft")).to_be_focused()

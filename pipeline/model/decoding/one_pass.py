@@ -41,6 +41,7 @@ from pipeline.model.decoding.buckets import (
     prefill_groups,
 )
 from pipeline.model.decoding.calibration import LabelCalibration
+from pipeline.model.decoding.offer import DRAFT_WITHHELD, SUMMARY_UNSURE, OfferPolicy
 from pipeline.model.decoding.state import detokenize, model_state, stateless_scope, token_ids
 from pipeline.model.decoding.step import (
     decoding_cache,
@@ -83,6 +84,16 @@ class ChatOutput:
     truncated: bool
     summary_tokens: int
     reply_tokens: int
+    summary_confidence: float | None = None  # the geometric mean probability of its tokens (`token_confidence`)
+    reply_confidence: float | None = None
+
+
+def token_confidence(log_probabilities: Sequence[float]) -> float | None:
+    """How sure the model was of a text it wrote: the geometric mean of its tokens' probabilities
+    (exp of their mean log-probability), in (0, 1]; None for no tokens. A model that hesitates
+    between wordings, or guesses at a fact the chat does not settle, has lower probabilities on
+    those tokens."""
+    return float(np.exp(np.mean(log_probabilities))) if len(log_probabilities) else None
 
 
 class OnePassDecoder:
@@ -180,12 +191,14 @@ class OnePassDecoder:
 
         @functools.partial(jax.jit, static_argnames=("steps",), compiler_options=LOOP_COMPILER_OPTIONS)
         def decode(state, weights, cache, logits, key_mask, wants_reply, numbers, steps):
-            """Greedy summary then reply tokens (and each token's phase), `steps` at most; with
+            """Greedy summary then reply tokens, each token's phase and its log-probability under
+            the model (before the number mask: what the model itself believed), `steps` at most; with
             `ground_numbers`, writing only the numbers in `numbers` (`grounding.number_table`)."""
             batch, total = key_mask.shape
 
             def step(carry):
-                i, cache, logits, phase, count, shown, cue_at, tokens, phases, number = carry
+                i, cache, logits, phase, count, shown, cue_at, tokens, phases, believed, number = carry
+                log_probabilities = jax.nn.log_softmax(logits, axis=-1)
                 may_stop = True
                 if ground:
                     logits = number.mask(logits, numbers, codes, symbols)
@@ -197,6 +210,7 @@ class OnePassDecoder:
                     [reply_cue[jnp.minimum(cue_at, reply_cue.shape[0] - 1)], v.summary_end, v.eos], greedy)
                 tokens = tokens.at[:, i].set(token)
                 phases = phases.at[:, i].set(phase)
+                believed = believed.at[:, i].set(jnp.take_along_axis(log_probabilities, token[:, None], axis=1)[:, 0])
                 if ground:
                     number = number.advance(token, numbers, codes)
                 after_summary = jnp.where(wants_reply & (token == v.summary_end), REPLY_CUE, DONE)
@@ -210,18 +224,18 @@ class OnePassDecoder:
                 cue_at = jnp.where(phase == REPLY_CUE, cue_at + 1, 0)
                 with self._scope(state):
                     logits, cache = forward_one(backbone, weights, token[:, None], cache, total - steps + i, key_mask)
-                return i + 1, cache, logits, next_phase, count, shown, cue_at, tokens, phases, number
+                return i + 1, cache, logits, next_phase, count, shown, cue_at, tokens, phases, believed, number
 
             def running(carry):
-                i, *_, phase, _count, _shown, _cue_at, _tokens, _phases, _number = carry
+                i, *_, phase, _count, _shown, _cue_at, _tokens, _phases, _believed, _number = carry
                 return (i < steps) & ~jnp.all(phase == DONE)
 
             zeros = jnp.zeros((batch,), "int32")
             carry = (0, cache, logits, zeros + SUMMARY, zeros, zeros, zeros, jnp.zeros((batch, steps), "int32"),
-                     jnp.full((batch, steps), DONE, "int32"),
+                     jnp.full((batch, steps), DONE, "int32"), jnp.zeros((batch, steps), "float32"),
                      grounding.NumberState.start(numbers) if ground else ())
-            *_, tokens, phases, _ = jax.lax.while_loop(running, step, carry)
-            return tokens, phases
+            *_, tokens, phases, believed, _ = jax.lax.while_loop(running, step, carry)
+            return tokens, phases, believed
 
         return prefill, decode
 
@@ -283,16 +297,24 @@ class OnePassDecoder:
         wants_reply[len(order):] = False
         numbers = grounding.number_table(self._decode(prompts[i]) for i in rows) if self.ground_numbers else None
         self._note(f"one-pass decode batch={batch} length={length} steps={steps}")
-        tokens, phases = map(np.asarray, self._decode_loop(state, self._weights(state), cache, first, key_mask,
-                                                      wants_reply, numbers, steps=steps))
+        tokens, phases, believed = map(np.asarray, self._decode_loop(state, self._weights(state), cache, first,
+                                                                key_mask, wants_reply, numbers, steps=steps))
         for row, i in enumerate(order):
             summary = [t for t, p in zip(tokens[row], phases[row]) if p == SUMMARY]
             reply = [t for t, p in zip(tokens[row], phases[row]) if p == REPLY]
+            has_reply = any(p == REPLY_CUE for p in phases[row])
             results[i].update(
                 summary=self._finish(summary, "summary"),
-                reply=self._finish(reply, "reply") if any(p == REPLY_CUE for p in phases[row]) else None,
-                summary_tokens=len(self._content(summary)), reply_tokens=len(self._content(reply)))
+                reply=self._finish(reply, "reply") if has_reply else None,
+                summary_tokens=len(self._content(summary)), reply_tokens=len(self._content(reply)),
+                summary_confidence=self._confidence(tokens[row], phases[row], believed[row], SUMMARY),
+                reply_confidence=self._confidence(tokens[row], phases[row], believed[row], REPLY) if has_reply else None)
         return results
+
+    def _confidence(self, tokens, phases, believed, phase: int) -> float | None:
+        """`token_confidence` over one output's own words (its stop tokens left out)."""
+        stops = (self.vocabulary.summary_end, self.vocabulary.eos)
+        return token_confidence([b for t, p, b in zip(tokens, phases, believed) if p == phase and t not in stops])
 
     @staticmethod
     def _stack(parts, batch: int, width: int):
@@ -326,15 +348,17 @@ class OnePassEngine:
     prompt_version = "tuned-one-pass-v1"
 
     def __init__(self, causal_lm, model_id: str, max_prompt_tokens: int = MAX_PROMPT_TOKENS,
-                 calibration: LabelCalibration = LabelCalibration()):
+                 calibration: LabelCalibration = LabelCalibration(), offer_policy: OfferPolicy = OfferPolicy()):
         self.decoder = OnePassDecoder(causal_lm, max_prompt_tokens=max_prompt_tokens, calibration=calibration)
+        self.offer_policy = offer_policy
         self.model_id = model_id
         self.batches = 0
         self.generated_tokens = 0
 
     def analyze(self, windows: Sequence[ChatWindow], reply_for: str | Sequence[str] = "none") -> list[WindowAnalysis]:
         """Sentiment, summary and (where `reply_for`, one policy or one per window, selects it) a
-        reply draft, from one pass each."""
+        reply draft, from one pass each. A reply below the offer policy's confidence is withheld
+        (flag `draft_withheld`, its confidence kept) and a summary below it flagged (`summary_unsure`)."""
         outputs = self.decoder.run(windows, reply_policies(reply_for, len(windows)))
         self.batches += 1
         self.generated_tokens += sum(o.summary_tokens + o.reply_tokens for o in outputs)
@@ -346,9 +370,15 @@ class OnePassEngine:
                 summary, flags = "(no summary: the model returned nothing)", flags + ("summary_empty",)
             if out.reply == "":
                 flags += ("reply_empty",)
+            reply = out.reply or None
+            if reply and not self.offer_policy.offers_reply(out.reply_confidence):
+                reply, flags = None, flags + (DRAFT_WITHHELD,)
+            if not self.offer_policy.trusts_summary(out.summary_confidence):
+                flags += (SUMMARY_UNSURE,)
             results.append(WindowAnalysis(scores=out.probabilities, summary=summary, model_id=self.model_id,
-                                          prompt_version=self.prompt_version, flags=flags,
-                                          reply_draft=out.reply or None))
+                                          prompt_version=self.prompt_version, flags=flags, reply_draft=reply,
+                                          summary_confidence=out.summary_confidence,
+                                          reply_confidence=out.reply_confidence))
         return results
 
     def classify(self, windows: Sequence[ChatWindow]) -> list[tuple[float, float, float]]:

@@ -40,9 +40,11 @@ from typing import Any, Literal
 from chatlens.config import get_settings
 from chatlens.quiet import native_noise_filtered
 from pipeline.model.decoding.calibration import LabelCalibration
+from pipeline.model.decoding.offer import OfferPolicy
 from pipeline.model.loading.deferred_weights import build_unfilled, settle
 from pipeline.model.loading.keras_import import import_keras_hub
 from pipeline.model.training.adapters import (ADAPTER_SUFFIX, SHIPPED_ADAPTER, adapter_calibration, adapter_name,
+                                              adapter_offer_policy,
                                               load_adapter)
 from pipeline.model.types import ModelSpecError
 
@@ -66,6 +68,7 @@ class ModelSource:
     converted: bool = False  # True when resolving this spec ran a conversion or an adapter merge
     tuned: bool = False  # tuned by ChatLens: answers in one pass (pipeline/model/training/format.py)
     calibration: LabelCalibration = LabelCalibration()  # a tuned model's, from its manifest
+    offer_policy: OfferPolicy = OfferPolicy()  # when its drafts are offered, from its manifest
 
     def load(self, dtype: str = "float32") -> Any:
         """The `keras_hub.models.CausalLM` (a `Gemma3CausalLM` for the bundled GGUF).
@@ -186,7 +189,7 @@ def _with_adapter(base: ModelSource, adapter: Path, cache_dir: Path) -> ModelSou
     name = adapter_name(adapter)
     if not adapter.is_file():
         raise ModelSpecError(f"adapter {str(adapter)!r}: no {ADAPTER_SUFFIX} file there")
-    calibration = adapter_calibration(adapter)
+    calibration, offer_policy = adapter_calibration(adapter), adapter_offer_policy(adapter)
     digest = hashlib.sha256(adapter.read_bytes())
     if calibration != LabelCalibration():
         digest.update(json.dumps(calibration.to_json(), sort_keys=True).encode())
@@ -197,6 +200,7 @@ def _with_adapter(base: ModelSource, adapter: Path, cache_dir: Path) -> ModelSou
         "instruction_tuned": base.instruction_tuned,
         "tuned": True,
         "label_calibration": calibration.to_json(),
+        "offer_policy": offer_policy.to_json(),  # read back by a baked preset directory (`_preset_dir`)
         "source_sha256": hashlib.sha256(f"{base.model_id}|{digest}".encode()).hexdigest(),
         "converter_version": "lora-merge-1",
     }
@@ -209,7 +213,7 @@ def _with_adapter(base: ModelSource, adapter: Path, cache_dir: Path) -> ModelSou
 
     return ModelSource(spec=f"{base.spec}+{adapter}", kind="preset_dir", preset=str(preset_dir), model_id=model_id,
                        instruction_tuned=base.instruction_tuned, converted=_ensure_preset(preset_dir, marker, merge),
-                       tuned=True, calibration=calibration)
+                       tuned=True, calibration=calibration, offer_policy=offer_policy)
 
 
 def _ensure_preset(preset_dir: Path, marker: dict[str, Any], build: Callable[[Path], None]) -> bool:
@@ -276,6 +280,7 @@ def _preset_dir(spec: str, path: Path) -> ModelSource:
         instruction_tuned=bool(marker.get("instruction_tuned", _INSTRUCT.search(name))),
         tuned=bool(marker.get("tuned", False)),
         calibration=LabelCalibration.from_json(marker.get("label_calibration")),
+        offer_policy=OfferPolicy.from_json(marker.get("offer_policy")),
     )
 
 

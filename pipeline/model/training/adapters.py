@@ -12,6 +12,7 @@ from pathlib import Path
 
 from pipeline import compat
 from pipeline.model.decoding.calibration import LabelCalibration
+from pipeline.model.decoding.offer import OfferPolicy
 from pipeline.model.types import ModelSpecError
 
 SHIPPED_ADAPTER = Path(__file__).resolve().parents[1] / "adapters" / "chatlens-gemma3-270m.lora.h5"
@@ -31,13 +32,21 @@ def manifest_path(adapter: str | Path) -> Path:
     return Path(adapter).with_name(adapter_name(adapter) + ".manifest.json")
 
 
+def _manifest(adapter: str | Path) -> dict:
+    try:
+        return json.loads(manifest_path(adapter).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return {}
+
+
 def adapter_calibration(adapter: str | Path) -> LabelCalibration:
     """The label calibration in the adapter's manifest; none (identity) without one."""
-    try:
-        manifest = json.loads(manifest_path(adapter).read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        return LabelCalibration()
-    return LabelCalibration.from_json(manifest.get("label_calibration"))
+    return LabelCalibration.from_json(_manifest(adapter).get("label_calibration"))
+
+
+def adapter_offer_policy(adapter: str | Path) -> OfferPolicy:
+    """When the adapter's drafts are offered (its manifest's `offer_policy`); always without one."""
+    return OfferPolicy.from_json(_manifest(adapter).get("offer_policy"))
 
 
 def load_adapter(backbone, adapter: str) -> None:

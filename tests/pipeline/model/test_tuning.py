@@ -134,12 +134,17 @@ def last_logits(lm, tokens: list[int], width: int):
     return lm.backbone.token_embedding(hidden[:, len(tokens) - 1 : len(tokens)], reverse=True)[0, 0]
 
 
-def greedy_without_cache(lm, tokens: list[int], stops: set[int], limit: int, width: int) -> list[int]:
-    """Plain greedy decoding, one full forward pass per token: the reference for the one-pass loop."""
+def greedy_without_cache(lm, tokens: list[int], stops: set[int], limit: int, width: int,
+                         believed: list[float] | None = None) -> list[int]:
+    """Plain greedy decoding, one full forward pass per token: the reference for the one-pass loop.
+    `believed`, when given, receives each token's log-probability."""
     out = []
     for _ in range(limit):
-        token = int(jnp.argmax(last_logits(lm, tokens + out, width)))
+        logits = last_logits(lm, tokens + out, width)
+        token = int(jnp.argmax(logits))
         out.append(token)
+        if believed is not None:
+            believed.append(float(jax.nn.log_softmax(logits.astype("float32"))[token]))
         if token in stops:
             break
     return out
@@ -162,12 +167,19 @@ def test_one_pass_equals_separate_scoring_and_generation(tiny_lm, chats):
         np.testing.assert_allclose(output["probabilities"], np.asarray(expected), atol=1e-5)
         label = v.labels[int(np.argmax(expected))]
         head = prompt + [label, *v.summary_cue]
-        summary = greedy_without_cache(tiny_lm, head, {v.summary_end, v.eos}, 5, width)
+        summary_believed, reply_believed = [], []
+        summary = greedy_without_cache(tiny_lm, head, {v.summary_end, v.eos}, 5, width, summary_believed)
         reply = []
         if summary[-1] != v.eos:
             ended = summary if summary[-1] == v.summary_end else summary + [v.summary_end]
             reply = greedy_without_cache(tiny_lm, head + ended + list(v.reply_cue), {v.eos, v.summary_end}, 4,
-                                         width)
+                                         width, reply_believed)
+        # each output's confidence: the geometric mean probability of its own tokens (stops left out)
+        content = [b for t, b in zip(summary, summary_believed) if t not in (v.summary_end, v.eos)]
+        np.testing.assert_allclose(output["summary_confidence"], np.exp(np.mean(content)), rtol=0.05)
+        if reply:
+            content = [b for t, b in zip(reply, reply_believed) if t not in (v.summary_end, v.eos)]
+            np.testing.assert_allclose(output["reply_confidence"], np.exp(np.mean(content)), rtol=0.05)
         assert output["summary_tokens"] == len([t for t in summary if t not in (v.summary_end, v.eos)])
         assert output["reply_tokens"] == len([t for t in reply if t not in (v.summary_end, v.eos)])
         assert output["summary"] == decoder._finish(summary, "summary")
@@ -203,6 +215,30 @@ def test_reply_for_negative_replies_where_the_label_comes_out_negative(tiny_lm, 
     assert all(o.reply is None for o in decoder.run([c.window for c in chats], ["none"] * len(chats)))
     with pytest.raises(ValueError, match="reply_for"):
         decoder.run([chats[0].window], ["sometimes"])
+
+
+def test_a_reply_below_the_offer_policy_is_withheld_with_its_confidence_and_an_unsure_summary_flagged(tiny_lm, chats):
+    from pipeline.model.decoding.offer import DRAFT_WITHHELD, SUMMARY_UNSURE, OfferPolicy
+    from pipeline.model.decoding.one_pass import OnePassEngine
+
+    windows = [c.window for c in chats[:4]]
+    offered = OnePassEngine(tiny_lm, "tiny").analyze(windows, "all")
+    assert all(0 < a.summary_confidence <= 1 for a in offered)
+    drafted = [a for a in offered if a.reply_draft]
+    assert drafted and all(0 < a.reply_confidence <= 1 and DRAFT_WITHHELD not in a.flags for a in drafted)
+    assert not any(SUMMARY_UNSURE in a.flags for a in offered)
+    # thresholds between the outputs' confidences: the ones below lose their draft, keep their confidence
+    reply_cut = float(np.median([a.reply_confidence for a in drafted]))
+    summary_cut = float(np.median([a.summary_confidence for a in offered]))
+    strict = OnePassEngine(tiny_lm, "tiny", offer_policy=OfferPolicy(reply_cut, summary_cut)).analyze(windows, "all")
+    for before, after in zip(offered, strict):
+        assert (after.summary, after.reply_confidence, after.summary_confidence) == (
+            before.summary, before.reply_confidence, before.summary_confidence)
+        sure = before.reply_draft is None or before.reply_confidence >= reply_cut
+        assert after.reply_draft == (before.reply_draft if sure else None)
+        assert (DRAFT_WITHHELD in after.flags) == (not sure)
+        assert (SUMMARY_UNSURE in after.flags) == (before.summary_confidence < summary_cut)
+    assert any(DRAFT_WITHHELD in a.flags for a in strict) and any(a.reply_draft for a in strict)
 
 
 def test_the_calibration_moves_the_label_and_the_reply_decision_and_only_rescales_confidence(tiny_lm, chats):

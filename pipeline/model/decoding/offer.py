@@ -1,0 +1,42 @@
+"""When a draft is offered: a tuned model's confidence thresholds, chosen on dev by the review.
+
+A blind review by a support lead's rubric passes few of a small model's drafts, and a draft an
+agent cannot trust costs more than no draft: the agent must read the chat anyway, then also
+catch the draft's mistake. So each summary and reply carries the model's confidence in it
+(`one_pass.token_confidence`: the geometric mean probability of its tokens), and below the
+policy's thresholds the reply is withheld ("no draft: the model was unsure") and the summary
+flagged. The thresholds live in the adapter's manifest (`offer_policy`), chosen on dev by
+`data/tools/review.py offer` from the review's verdicts; without one everything is offered.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+DRAFT_WITHHELD = "draft_withheld"  # the flag of a chat whose reply draft was below the policy's threshold
+SUMMARY_UNSURE = "summary_unsure"  # the flag of a summary below the policy's threshold
+
+
+@dataclass(frozen=True)
+class OfferPolicy:
+    """The least confidence at which a reply is offered and a summary shown unflagged (0: always)."""
+
+    reply_min_confidence: float = 0.0
+    summary_min_confidence: float = 0.0
+
+    def offers_reply(self, confidence: float | None) -> bool:
+        return confidence is None or confidence >= self.reply_min_confidence
+
+    def trusts_summary(self, confidence: float | None) -> bool:
+        return confidence is None or confidence >= self.summary_min_confidence
+
+    def to_json(self) -> dict:
+        return {"reply_min_confidence": self.reply_min_confidence,
+                "summary_min_confidence": self.summary_min_confidence}
+
+    @classmethod
+    def from_json(cls, data: Mapping | None) -> OfferPolicy:
+        if not data:
+            return cls()
+        return cls(float(data.get("reply_min_confidence", 0.0)), float(data.get("summary_min_confidence", 0.0)))
