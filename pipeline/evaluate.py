@@ -37,6 +37,8 @@ class Prediction:
     confidence: float | None = None
     summary: str | None = None
     reply: str | None = None
+    summary_confidence: float | None = None  # the model's own confidence in its summary and reply
+    reply_confidence: float | None = None  # (pipeline/model/decoding/offer.py); a withheld reply keeps it
 
 
 System = Callable[[Sequence[Example], Callable[[int], None]], list[Prediction]]
@@ -86,7 +88,8 @@ def engine_predictions(engine, examples: Sequence[Example], batch_size: int, pro
         analyses = engine.analyze([examples[i].window for i in batch],
                                   ["all" if examples[i].has_gold("reply") else "none" for i in batch])
         for i, a in zip(batch, analyses):
-            predictions[i] = Prediction(a.sentiment, a.confidence, a.summary, a.reply_draft)
+            predictions[i] = Prediction(a.sentiment, a.confidence, a.summary, a.reply_draft,
+                                        a.summary_confidence, a.reply_confidence)
         progress(len(batch))
     return predictions
 
