@@ -11,9 +11,15 @@ output) goes to a separate file that reviewers are not given.
 items were judged, how many and what share were `ok`, the problems by kind and, where two
 reviewers judged the same item, how often they agreed.
 
+`offer` reads the model's confidence in each judged output (`chatlens eval --predictions` keeps
+it) beside the verdicts: for each threshold, what share of the outputs would be offered and what
+share of those offered the review passed, and the lowest threshold at which the offered ones pass
+at the target rate (pipeline/model/decoding/offer.py: below it a draft is withheld, a summary flagged).
+
     .venv/bin/python data/tools/review.py prepare --predictions dev.preds.jsonl --split dev --with-gold --out review/
     # give review/batch-*.md to reviewers; each writes review/verdicts-<name>.jsonl
     .venv/bin/python data/tools/review.py tally review/
+    .venv/bin/python data/tools/review.py offer review/ --predictions dev.preds.jsonl --system gemma3-270m
 """
 
 from __future__ import annotations
@@ -147,6 +153,68 @@ def tally(args: argparse.Namespace) -> int:
     return 0
 
 
+def judged(key: dict, verdicts: dict[str, list[dict]]) -> dict[str, bool]:
+    """item -> ok, where every reviewer who judged it said ok."""
+    by_item: dict[str, list[bool]] = defaultdict(list)
+    for rows in verdicts.values():
+        for row in rows:
+            by_item[row["item"]].append(row["verdict"].strip().lower() == "ok")
+    return {item: all(oks) for item, oks in by_item.items() if item in key}
+
+
+def offer_curve(key: dict, verdicts: dict[str, list[dict]], predictions: list[dict], system: str, kind: str,
+                target: float, least: int = 10) -> dict:
+    """For `system`'s `kind` outputs: each judged one's confidence and verdict, the share offered and the
+    share of offered passing at each threshold, how well confidence ranks passes above failures
+    (`auc`: the chance a passed output is more confident than a failed one; 0.5 is no better than
+    chance) and the lowest threshold whose offered outputs (at least `least`) pass at `target`."""
+    confidence = {row["chat_id"]: row.get(f"{kind}_confidence") for row in predictions
+                  if row["system"] == system and row.get(kind)}
+    points = sorted(((confidence[about["chat_id"]], ok) for item, ok in judged(key, verdicts).items()
+                     if (about := key[item])["system"] == system and about["kind"] == kind
+                     and confidence.get(about["chat_id"]) is not None), reverse=True)
+    everyone = sorted((c for c in confidence.values() if c is not None), reverse=True)
+    passed = [c for c, ok in points if ok]
+    failed = [c for c, ok in points if not ok]
+    auc = (sum((p > f) + 0.5 * (p == f) for p in passed for f in failed) / (len(passed) * len(failed))
+           if passed and failed else None)
+    rows, chosen = [], None
+    for n in range(1, len(points) + 1):
+        cut = points[n - 1][0]
+        if n < len(points) and points[n][0] == cut:
+            continue  # a threshold offers every output as confident as it
+        share = sum(ok for _, ok in points[:n]) / n
+        rows.append({"threshold": round(cut, 4), "offered_judged": n, "passed": round(share, 3),
+                     "offered_all": round(sum(c >= cut for c in everyone) / len(everyone), 3)})
+        if n >= least and share >= target:
+            chosen = cut  # the lowest so far whose offered outputs pass at the target
+    return {"system": system, "kind": kind, "judged": len(points), "passed": len(passed), "auc": auc and round(auc, 3),
+            "target": target, "threshold": chosen, "curve": rows}
+
+
+def offer(args: argparse.Namespace) -> int:
+    key = json.loads((args.dir / "key.json").read_text(encoding="utf-8"))
+    verdicts = {path.stem: [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+                for path in sorted(args.dir.glob("verdicts-*.jsonl"))}
+    predictions = load_predictions(args.predictions, args.system)
+    reports = [offer_curve(key, verdicts, predictions, args.system, kind, target)
+               for kind, target in (("summary", args.summary_target), ("reply", args.reply_target))]
+    if args.json:
+        print(json.dumps(reports, indent=1))
+        return 0
+    for r in reports:
+        auc = "-" if r["auc"] is None else f"{r['auc']:.2f}"
+        print(f"{r['system']} {r['kind']}: {r['passed']} of {r['judged']} judged passed; confidence ranks them AUC {auc}")
+        step = max(1, len(r["curve"]) // 10)
+        for row in r["curve"][step - 1 :: step]:
+            print(f"  threshold {row['threshold']:.3f}: offered {row['offered_all']:.0%} of all, "
+                  f"{row['offered_judged']} judged, {row['passed']:.0%} of those passed")
+        print(f"  lowest threshold passing {r['target']:.0%}: "
+              + ("none (no threshold's offered outputs pass at the target)" if r["threshold"] is None
+                 else f"{r['threshold']:.4f}"))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -163,10 +231,20 @@ def main(argv: list[str] | None = None) -> int:
     count = commands.add_parser("tally", help="join verdicts-*.jsonl with key.json and print the shares")
     count.add_argument("dir", type=Path, help="the folder prepare wrote, now holding verdicts-*.jsonl")
     count.add_argument("--json", action="store_true", help="print one JSON object")
+    cut = commands.add_parser("offer", help="the review's verdicts against the model's confidence: a threshold")
+    cut.add_argument("dir", type=Path, help="the folder prepare wrote, holding key.json and verdicts-*.jsonl")
+    cut.add_argument("--predictions", type=Path, required=True,
+                     help="`chatlens eval --predictions` of the judged outputs, with their confidences")
+    cut.add_argument("--system", required=True, help="the model whose outputs were judged")
+    cut.add_argument("--summary-target", type=float, default=0.7, help="share of shown summaries that must pass "
+                     "(default: %(default)s)")
+    cut.add_argument("--reply-target", type=float, default=0.6, help="share of offered drafts that must pass "
+                     "(default: %(default)s)")
+    cut.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args(argv)
     if args.command == "prepare" and not (args.split or args.data):
         parser.error("prepare needs --split or --data")
-    return prepare(args) if args.command == "prepare" else tally(args)
+    return {"prepare": prepare, "tally": tally, "offer": offer}[args.command](args)
 
 
 if __name__ == "__main__":

@@ -41,3 +41,26 @@ def test_batches_hide_who_wrote_each_item_and_the_tally_counts_verdicts(tmp_path
     assert cells["model summary"]["problems"] == {"invented fact": len(dev)}
     assert cells["gold reply"]["share_ok"] == 1.0
     assert report["agreement"] == {"items": len(key), "share": round(1 - len(dev) / len(key), 3)}
+
+
+def test_offer_finds_the_lowest_threshold_whose_offered_outputs_pass_and_none_where_none_do():
+    review = tool("review")
+    # ten drafts: the five most confident passed review, one less confident one too
+    key = {f"i{n}": {"system": "model", "chat_id": f"c{n}", "kind": "reply"} for n in range(10)}
+    confidence = [0.95, 0.9, 0.85, 0.8, 0.75, 0.5, 0.45, 0.4, 0.3, 0.2]
+    passed = {0, 1, 2, 3, 4, 6}
+    verdicts = {"a": [{"item": f"i{n}", "verdict": "ok" if n in passed else "not ok"} for n in range(10)]}
+    predictions = [{"system": "model", "chat_id": f"c{n}", "reply": "draft", "reply_confidence": c}
+                   for n, c in enumerate(confidence)]
+    predictions.append({"system": "model", "chat_id": "unjudged", "reply": "draft", "reply_confidence": 0.1})
+    curve = review.offer_curve(key, verdicts, predictions, "model", "reply", target=0.6, least=5)
+    assert (curve["judged"], curve["passed"]) == (10, 6)
+    assert curve["auc"] == round(23 / 24, 3)  # a passed draft more confident than a failed one in 23 of 24 pairs
+    assert curve["threshold"] == 0.2  # offering all ten: 6 of 10 pass, the target
+    assert review.offer_curve(key, verdicts, predictions, "model", "reply", target=0.7, least=5)["threshold"] == 0.4
+    curve = review.offer_curve(key, verdicts, predictions, "model", "reply", target=0.8, least=5)
+    assert curve["threshold"] == 0.45  # 6 of 7 pass; at 0.4, 6 of 8 = 75%
+    row = next(r for r in curve["curve"] if r["threshold"] == 0.45)
+    assert row == {"threshold": 0.45, "offered_judged": 7, "passed": 0.857, "offered_all": round(7 / 11, 3)}
+    nobody = {"a": [{"item": i, "verdict": "not ok"} for i in key]}
+    assert review.offer_curve(key, nobody, predictions, "model", "reply", target=0.6)["threshold"] is None
