@@ -167,7 +167,9 @@ def offer_curve(key: dict, verdicts: dict[str, list[dict]], predictions: list[di
     """For `system`'s `kind` outputs: each judged one's confidence and verdict, the share offered and the
     share of offered passing at each threshold, how well confidence ranks passes above failures
     (`auc`: the chance a passed output is more confident than a failed one; 0.5 is no better than
-    chance) and the lowest threshold whose offered outputs (at least `least`) pass at `target`."""
+    chance), the lowest threshold whose offered outputs (at least `least`) pass at `target`, and
+    `none_pass_below`: the highest threshold below which (at least `least` judged) the review passed
+    none, where flagging costs nothing the review would have kept."""
     confidence = {row["chat_id"]: row.get(f"{kind}_confidence") for row in predictions
                   if row["system"] == system and row.get(kind)}
     points = sorted(((confidence[about["chat_id"]], ok) for item, ok in judged(key, verdicts).items()
@@ -178,7 +180,7 @@ def offer_curve(key: dict, verdicts: dict[str, list[dict]], predictions: list[di
     failed = [c for c, ok in points if not ok]
     auc = (sum((p > f) + 0.5 * (p == f) for p in passed for f in failed) / (len(passed) * len(failed))
            if passed and failed else None)
-    rows, chosen = [], None
+    rows, chosen, none_pass_below = [], None, None
     for n in range(1, len(points) + 1):
         cut = points[n - 1][0]
         if n < len(points) and points[n][0] == cut:
@@ -188,8 +190,11 @@ def offer_curve(key: dict, verdicts: dict[str, list[dict]], predictions: list[di
                      "offered_all": round(sum(c >= cut for c in everyone) / len(everyone), 3)})
         if n >= least and share >= target:
             chosen = cut  # the lowest so far whose offered outputs pass at the target
+        below = points[n:]
+        if none_pass_below is None and len(below) >= least and not any(ok for _, ok in below):
+            none_pass_below = cut  # the highest: the scan runs from the most confident down
     return {"system": system, "kind": kind, "judged": len(points), "passed": len(passed), "auc": auc and round(auc, 3),
-            "target": target, "threshold": chosen, "curve": rows}
+            "target": target, "threshold": chosen, "none_pass_below": none_pass_below, "curve": rows}
 
 
 def offer(args: argparse.Namespace) -> int:
@@ -212,6 +217,10 @@ def offer(args: argparse.Namespace) -> int:
         print(f"  lowest threshold passing {r['target']:.0%}: "
               + ("none (no threshold's offered outputs pass at the target)" if r["threshold"] is None
                  else f"{r['threshold']:.4f}"))
+        if r["none_pass_below"] is not None:
+            below = sum(row["offered_all"] for row in r["curve"] if row["threshold"] == round(r["none_pass_below"], 4))
+            print(f"  highest threshold below which the review passed none: {r['none_pass_below']:.6f} "
+                  f"({1 - below:.0%} of all below it)")
     return 0
 
 

@@ -57,6 +57,7 @@ def test_offer_finds_the_lowest_threshold_whose_offered_outputs_pass_and_none_wh
     assert (curve["judged"], curve["passed"]) == (10, 6)
     assert curve["auc"] == round(23 / 24, 3)  # a passed draft more confident than a failed one in 23 of 24 pairs
     assert curve["threshold"] == 0.2  # offering all ten: 6 of 10 pass, the target
+    assert curve["none_pass_below"] is None  # only three drafts lie below the last passed one: fewer than `least`
     assert review.offer_curve(key, verdicts, predictions, "model", "reply", target=0.7, least=5)["threshold"] == 0.4
     curve = review.offer_curve(key, verdicts, predictions, "model", "reply", target=0.8, least=5)
     assert curve["threshold"] == 0.45  # 6 of 7 pass; at 0.4, 6 of 8 = 75%
@@ -64,3 +65,4 @@ def test_offer_finds_the_lowest_threshold_whose_offered_outputs_pass_and_none_wh
     assert row == {"threshold": 0.45, "offered_judged": 7, "passed": 0.857, "offered_all": round(7 / 11, 3)}
     nobody = {"a": [{"item": i, "verdict": "not ok"} for i in key]}
     assert review.offer_curve(key, nobody, predictions, "model", "reply", target=0.6)["threshold"] is None
+    assert review.offer_curve(key, verdicts, predictions, "model", "reply", target=0.6, least=3)["none_pass_below"] == 0.45  # below: 0.4, 0.3, 0.2, all failed
