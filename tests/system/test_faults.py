@@ -276,10 +276,12 @@ def test_kill_9_pipeline_mid_batch_and_dashboard_mid_store_stores_each_input_exa
         print(f"\npipeline killed {killed_after:.2f} s after the publish; {at_kill} of {total} outcomes were out")
         assert at_kill < total, "nothing was in flight at the kill"
 
-        board = dashboard(tmp_path, pubsub_server, database, free_port()).start()
-        services.append(board)
         second = pipeline(tmp_path, pubsub_server, "pipeline-2").start()
         services.append(second)
+        # a backlog for the dashboard first (the first pipeline may have published a single outcome)
+        wait_for(lambda: len(tap) >= at_kill + 20, 60, 0.05, "the second pipeline's outcomes", services)
+        board = dashboard(tmp_path, pubsub_server, database, free_port()).start()
+        services.append(board)
         # kill -9 the dashboard as soon as it stores, with published outcomes still to store
         wait_for(lambda: rows(database) > 0, 60, 0.01, "the dashboard's first rows", services)
         board.kill(signal.SIGKILL)
