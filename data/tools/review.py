@@ -136,10 +136,16 @@ def tally_verdicts(key: dict, verdicts: dict[str, list[dict]]) -> dict:
                           "share": round(sum(len(set(v)) == 1 for v in twice) / len(twice), 3) if twice else None}}
 
 
-def tally(args: argparse.Namespace) -> int:
-    key = json.loads((args.dir / "key.json").read_text(encoding="utf-8"))
+def load_review(folder: Path) -> tuple[dict, dict[str, list[dict]]]:
+    """The key `prepare` wrote and each reviewer's verdicts (verdicts-<name>.jsonl), by name."""
+    key = json.loads((folder / "key.json").read_text(encoding="utf-8"))
     verdicts = {path.stem: [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-                for path in sorted(args.dir.glob("verdicts-*.jsonl"))}
+                for path in sorted(folder.glob("verdicts-*.jsonl"))}
+    return key, verdicts
+
+
+def tally(args: argparse.Namespace) -> int:
+    key, verdicts = load_review(args.dir)
     report = tally_verdicts(key, verdicts)
     if args.json:
         print(json.dumps(report, indent=1))
@@ -198,9 +204,7 @@ def offer_curve(key: dict, verdicts: dict[str, list[dict]], predictions: list[di
 
 
 def offer(args: argparse.Namespace) -> int:
-    key = json.loads((args.dir / "key.json").read_text(encoding="utf-8"))
-    verdicts = {path.stem: [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-                for path in sorted(args.dir.glob("verdicts-*.jsonl"))}
+    key, verdicts = load_review(args.dir)
     predictions = load_predictions(args.predictions, args.system)
     reports = [offer_curve(key, verdicts, predictions, args.system, kind, target)
                for kind, target in (("summary", args.summary_target), ("reply", args.reply_target))]
