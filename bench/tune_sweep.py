@@ -30,14 +30,14 @@ def export(args: argparse.Namespace) -> None:
 
     from chatlens.config import get_settings
     from pipeline.corpus import load_split
-    from pipeline.model.training.format import Vocabulary, training_sequence
+    from pipeline.model.training.format import LATEST_FORMAT, Vocabulary, training_sequence
     from pipeline.model.loading.sources import load_causal_lm
 
     lm, _ = load_causal_lm("gemma3-270m-base", cache_dir=get_settings().cache)
     tokenizer = lm.preprocessor.tokenizer
     tokenize = lambda text: tokenizer.tokenize(text).tolist()  # noqa: E731
-    vocabulary = Vocabulary.of(tokenize, tokenizer.start_token_id, tokenizer.end_token_id)
-    arrays = {"labels": np.array(vocabulary.labels)}
+    vocabulary = Vocabulary.of(tokenize, tokenizer.start_token_id, tokenizer.end_token_id, LATEST_FORMAT)
+    arrays = {"labels": np.array(vocabulary.labels), "prompt_format": np.array(LATEST_FORMAT)}
     for split in ("train", "dev"):
         examples = load_split(split)
         seqs = [training_sequence(vocabulary, e.window, e.label, e.summary, e.reply) for e in examples]
@@ -77,15 +77,18 @@ def sweep(args: argparse.Namespace) -> None:
     gold = data["dev_gold"].tolist()[: args.limit]
     labels = jnp.asarray(data["labels"])
 
-    dev_pairs = list(epoch_batches(dev, args.batch_tokens, 0))
+    buckets = args.buckets
+    dev_pairs = list(epoch_batches(dev, args.batch_tokens, 0, buckets))
     dev_batches = [batch for _, batch in dev_pairs]
     dev_order = [i for b, _ in dev_pairs for i in b]
     results, best = [], None
     args.out.mkdir(parents=True, exist_ok=True)
     for config in args.configs:
         rank, lr = config.split(":")
+        loading = time.perf_counter()
         backbone = backbone_from_gguf(gguf.GGUFReader(args.gguf), progress=False)
-        steps = steps_per_epoch(train, args.batch_tokens, args.seed) * args.epochs
+        print(json.dumps({"config": config, "load_seconds": round(time.perf_counter() - loading, 1)}), flush=True)
+        steps = steps_per_epoch(train, args.batch_tokens, args.seed, buckets) * args.epochs
         trainer = LoraTrainer(backbone, int(rank), float(lr), steps, args.seed, targets=args.lora_targets)
 
         @jax.jit
@@ -97,7 +100,8 @@ def sweep(args: argparse.Namespace) -> None:
 
         history, started = [], time.perf_counter()
         for epoch in range(args.epochs):
-            losses = [trainer.step(batch) for _, batch in epoch_batches(train, args.batch_tokens, args.seed + epoch)]
+            losses = [trainer.step(batch) for _, batch in epoch_batches(train, args.batch_tokens, args.seed + epoch,
+                                                                          buckets)]
             dev_loss = trainer.loss(iter(dev_batches))
             predicted = []
             for b, batch in dev_pairs:
@@ -123,6 +127,7 @@ def sweep(args: argparse.Namespace) -> None:
 
 def main() -> None:
     from pipeline.model.training import DEFAULT_LORA_TARGETS
+    from pipeline.model.training.trainer import TRAIN_BUCKETS
     from pipeline.tune import layer_names
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -139,6 +144,9 @@ def main() -> None:
                    help="as `chatlens tune --lora-targets` (default: %(default)s)")
     s.add_argument("--batch-tokens", type=int, default=8192)
     s.add_argument("--seed", type=int, default=1234)
+    s.add_argument("--buckets", type=lambda text: tuple(int(n) for n in text.split(",")),
+                   default=",".join(map(str, TRAIN_BUCKETS)),
+                   help="training length buckets, comma-separated (default: %(default)s; fewer compile faster)")
     s.add_argument("--limit", type=int, help="only the first N train and dev sequences (a smoke test)")
     args = parser.parse_args()
     export(args) if args.command == "export" else sweep(args)

@@ -40,8 +40,10 @@ def neutralise(text: str) -> str:
     return _LINE_BREAKS.sub(" / ", text).strip()
 
 
-def transcript_lines(messages: Sequence[ChatMessage]) -> list[str]:
-    return [f"{message.sender}: {neutralise(message.text)}" for message in messages]
+def transcript_lines(messages: Sequence[ChatMessage], speakers: dict[str, str] | None = None,
+                     clean: Callable[[str], str] = neutralise) -> list[str]:
+    """One `speaker: text` line per message; `speakers` renames the senders, `clean` fences the text."""
+    return [f"{(speakers or {}).get(message.sender, message.sender)}: {clean(message.text)}" for message in messages]
 
 
 def fit_transcript(lines: Sequence[str], fits: Callable[[str], bool]) -> tuple[str, bool]:

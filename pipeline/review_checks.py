@@ -24,7 +24,7 @@ import re
 from collections.abc import Callable
 
 from chatlens.contracts import ChatWindow
-from pipeline import scoring
+from pipeline import normalise, scoring
 
 _FLAGS = re.IGNORECASE | re.UNICODE
 
@@ -110,7 +110,7 @@ _THIRD_PERSON = re.compile(
     r"|\b(?:le client|la cliente|el cliente|der kunde|die kundin|il cliente|de klant|o cliente)\b(?![-\w])", _FLAGS)
 
 # Where a number in a chat is not a fact about the customer's case.
-NOT_FACTS = re.compile(r"https?://\S+|www\.\S+|\S+@\S+\.\w+|@[\w.]+|#(?=[^\W\d])\w+", _FLAGS)
+NOT_FACTS = re.compile("|".join((normalise.EMAIL, normalise.LINK, normalise.HANDLE, normalise.HASHTAG)), _FLAGS)
 
 _POSITIVE_STATUS = re.compile(
     r"(?<!['\"‘“])\b(?:thank(?:s|ed|ing)? (?:the agent|the brand|the team|them|her|him)|(?:is|was|now|feels?|seems?|left|"

@@ -128,7 +128,8 @@ def run(args: argparse.Namespace) -> int:
     use_default_env()  # before keras is imported: the JAX backend
     from pipeline.model.decoding.one_pass import OnePassEngine
     from pipeline.model.loading.sources import load_causal_lm
-    from pipeline.model.training.adapters import load_adapter
+    from pipeline.model.training.adapters import adapter_prompt_format, load_adapter
+    from pipeline.model.training.format import LATEST_FORMAT
 
     try:
         name = adapter_name(args.out)
@@ -137,7 +138,8 @@ def run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     lm, source = load_causal_lm(args.model, cache_dir=args.model_cache or get_settings().cache)
     # The engine the pipeline will run, over the model being tuned: its format and its dev figures.
-    engine = OnePassEngine(lm, f"{source.model_id}+{name}")
+    prompt_format = adapter_prompt_format(args.out) if args.recalibrate else LATEST_FORMAT
+    engine = OnePassEngine(lm, f"{source.model_id}+{name}", prompt_format=prompt_format)
     dev = load_split("dev", args.data_dir)[: args.dev_limit]
     if args.recalibrate:
         manifest = read_manifest(args.out, "--recalibrate")
@@ -145,6 +147,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         manifest = train(args, lm, engine, dev)
         manifest["base_model"], manifest["base_spec"] = source.model_id, args.model
+    manifest["prompt_format"] = prompt_format
     manifest["label_calibration"] = calibrate(engine, dev)
     manifest["dev"] = dev_figures(engine, dev)
     manifest["wall_seconds"] = round(time.perf_counter() - started, 1)  # this run: loading, training, dev figures

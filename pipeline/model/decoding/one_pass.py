@@ -102,12 +102,12 @@ class OnePassDecoder:
     def __init__(self, causal_lm, *, max_prompt_tokens: int = MAX_PROMPT_TOKENS,
                  summary_tokens: int = SUMMARY_TOKENS, reply_tokens: int = REPLY_TOKENS,
                  calibration: LabelCalibration = LabelCalibration(), step_dtype: str = "bfloat16",
-                 ground_numbers: bool = True):
+                 ground_numbers: bool = True, prompt_format: int = 1):
         self.lm = causal_lm
         self.backbone = causal_lm.backbone
         tokenizer = causal_lm.preprocessor.tokenizer
         self.tokenizer = tokenizer
-        self.vocabulary = Vocabulary.of(self._tokenize, tokenizer.start_token_id, tokenizer.end_token_id)
+        self.vocabulary = Vocabulary.of(self._tokenize, tokenizer.start_token_id, tokenizer.end_token_id, prompt_format)
         self.max_prompt_tokens = max_prompt_tokens
         self.summary_tokens = summary_tokens
         self.reply_tokens = reply_tokens
@@ -345,11 +345,12 @@ class OnePassEngine:
     (the default `gemma3-270m`); untuned models get the prompted `GemmaEngine`.
     """
 
-    prompt_version = "tuned-one-pass-v1"
-
     def __init__(self, causal_lm, model_id: str, max_prompt_tokens: int = MAX_PROMPT_TOKENS,
-                 calibration: LabelCalibration = LabelCalibration(), offer_policy: OfferPolicy = OfferPolicy()):
-        self.decoder = OnePassDecoder(causal_lm, max_prompt_tokens=max_prompt_tokens, calibration=calibration)
+                 calibration: LabelCalibration = LabelCalibration(), offer_policy: OfferPolicy = OfferPolicy(),
+                 prompt_format: int = 1):
+        self.decoder = OnePassDecoder(causal_lm, max_prompt_tokens=max_prompt_tokens, calibration=calibration,
+                                      prompt_format=prompt_format)
+        self.prompt_version = f"tuned-one-pass-v{prompt_format}"
         self.offer_policy = offer_policy
         self.model_id = model_id
         self.batches = 0

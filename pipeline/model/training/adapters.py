@@ -49,6 +49,11 @@ def adapter_offer_policy(adapter: str | Path) -> OfferPolicy:
     return OfferPolicy.from_json(_manifest(adapter).get("offer_policy"))
 
 
+def adapter_prompt_format(adapter: str | Path) -> int:
+    """The prompt format the adapter learnt (`training/format.py`): its manifest's, 1 without one."""
+    return int(_manifest(adapter).get("prompt_format", 1))
+
+
 def load_adapter(backbone, adapter: str) -> None:
     """`backbone.load_lora_weights` for an adapter on any layers, not only keras-hub's default targets.
 

@@ -13,6 +13,11 @@ sequence is built left to right on one attention cache: the label probabilities 
 at the end of the prompt, then the summary is decoded, then the reply where selected.
 Segments are tokenized one by one and concatenated, so training and decoding see exactly
 the same token boundaries.
+
+Prompt formats (an adapter's manifest names the one it learnt, `prompt_format`; 1 without it):
+1. `prompts/tuned/chat.txt`, lines `customer: text`.
+2. `prompts/tuned/chat-v2.txt`, which says who each speaker is, lines `Customer: text` /
+   `Agent: text`, and handles, links and e-mail addresses as markers (`pipeline/normalise.py`).
 """
 
 from __future__ import annotations
@@ -23,7 +28,8 @@ from functools import lru_cache
 
 from chatlens.contracts import SENTIMENT_LABELS, ChatWindow
 from pipeline.corpus import MAX_GOLD_SUMMARY_CHARS
-from pipeline.prompts import PROMPTS_DIR, fit_transcript, transcript_lines
+from pipeline.normalise import normalise
+from pipeline.prompts import PROMPTS_DIR, fit_transcript, neutralise, transcript_lines
 
 LABELS = tuple(f" {name}" for name in SENTIMENT_LABELS.values())  # index = sentiment + 1
 SUMMARY_CUE = "\nSummary:"
@@ -38,14 +44,31 @@ REPLY_TOKENS = 192
 # unchanged ROUGE-L (0.247); the small model's invented specifics sit in its later sentences.
 REPLY_CHARS = 320
 ANSWERS = ("label", "summary", "reply")
+PROMPT_FORMATS = (1, 2)
+LATEST_FORMAT = PROMPT_FORMATS[-1]  # what `chatlens tune` teaches
+_TEMPLATES = {1: "chat.txt", 2: "chat-v2.txt"}
+_SPEAKERS = {1: None, 2: {"customer": "Customer", "agent": "Agent", "bot": "Bot"}}
 
 
-@lru_cache(maxsize=1)
-def template() -> str:
-    text = (PROMPTS_DIR / "tuned" / "chat.txt").read_text(encoding="utf-8").removesuffix("\n")
+@lru_cache(maxsize=None)
+def template(prompt_format: int = 1) -> str:
+    name = _TEMPLATES[check_format(prompt_format)]
+    text = (PROMPTS_DIR / "tuned" / name).read_text(encoding="utf-8").removesuffix("\n")
     if text.count("{transcript}") != 1 or not text.endswith("Mood:"):
-        raise ValueError("prompts/tuned/chat.txt must hold {transcript} once and end with 'Mood:'")
+        raise ValueError(f"prompts/tuned/{name} must hold {{transcript}} once and end with 'Mood:'")
     return text
+
+
+def check_format(prompt_format: int) -> int:
+    if prompt_format not in PROMPT_FORMATS:
+        raise ValueError(f"unknown prompt format {prompt_format!r}: this ChatLens knows {PROMPT_FORMATS}")
+    return prompt_format
+
+
+def transcript(messages, prompt_format: int = 1) -> list[str]:
+    """The chat's lines as prompt format `prompt_format` writes them."""
+    clean = neutralise if prompt_format == 1 else (lambda text: neutralise(normalise(text)))
+    return transcript_lines(messages, _SPEAKERS[check_format(prompt_format)], clean)
 
 
 @dataclass(frozen=True)
@@ -59,9 +82,10 @@ class Vocabulary:
     summary_cue: tuple[int, ...]
     summary_end: int
     reply_cue: tuple[int, ...]
+    prompt_format: int = 1
 
     @classmethod
-    def of(cls, tokenize: Callable[[str], list[int]], bos: int, eos: int) -> Vocabulary:
+    def of(cls, tokenize: Callable[[str], list[int]], bos: int, eos: int, prompt_format: int = 1) -> Vocabulary:
         labels = [tokenize(label) for label in LABELS]
         if any(len(ids) != 1 for ids in labels):
             raise ValueError(f"each label must be one token: {labels}")
@@ -69,18 +93,18 @@ class Vocabulary:
         if len(end) != 1:
             raise ValueError("the summary terminator must be one token")
         return cls(tokenize, bos, eos, tuple(ids[0] for ids in labels), tuple(tokenize(SUMMARY_CUE)), end[0],
-                   tuple(tokenize(REPLY_CUE)))
+                   tuple(tokenize(REPLY_CUE)), check_format(prompt_format))
 
     def prompt(self, window: ChatWindow, budget: int = MAX_PROMPT_TOKENS) -> tuple[list[int], bool]:
         """BOS + the fenced chat, cut from its oldest messages to `budget` tokens; and whether it was cut."""
-        head, tail = template().split("{transcript}")
+        head, tail = template(self.prompt_format).split("{transcript}")
         fixed = 1 + len(self.tokenize(head)) + len(self.tokenize(tail)) + 2  # newlines a cut may add
 
         def fits(transcript: str) -> bool:
             return fixed + len(self.tokenize(transcript)) <= budget
 
-        transcript, cut = fit_transcript(transcript_lines(window.messages), fits)
-        return [self.bos, *self.tokenize(head + transcript + tail)], cut
+        text, cut = fit_transcript(transcript(window.messages, self.prompt_format), fits)
+        return [self.bos, *self.tokenize(head + text + tail)], cut
 
     def answer(self, label: int, summary: str, reply: str | None, learn: Collection[str] = ANSWERS
                ) -> tuple[list[int], list[bool]]:

@@ -197,16 +197,18 @@ def _arrays(batch: Batch) -> Batch:
     return Batch(*(jnp.asarray(x) for x in batch))
 
 
-def steps_per_epoch(sequences: Sequence[TrainingSequence], batch_tokens: int, seed: int) -> int:
+def steps_per_epoch(sequences: Sequence[TrainingSequence], batch_tokens: int, seed: int,
+                    buckets: Sequence[int] = TRAIN_BUCKETS) -> int:
     """How many batches `epoch_batches` yields, without packing them."""
-    return len(length_batches(sequences, batch_tokens, seed, MAX_BATCH, TRAIN_BUCKETS))
+    return len(length_batches(sequences, batch_tokens, seed, MAX_BATCH, buckets))
 
 
-def epoch_batches(sequences: Sequence[TrainingSequence], batch_tokens: int, seed: int
-                  ) -> Iterator[tuple[list[int], Batch]]:
-    """One epoch of (indices, batch) in the order `seed` gives: the one batching tune and sweep share."""
-    for indices in length_batches(sequences, batch_tokens, seed, MAX_BATCH, TRAIN_BUCKETS):
-        length = bucket(len(sequences[indices[0]]), TRAIN_BUCKETS)
+def epoch_batches(sequences: Sequence[TrainingSequence], batch_tokens: int, seed: int,
+                  buckets: Sequence[int] = TRAIN_BUCKETS) -> Iterator[tuple[list[int], Batch]]:
+    """One epoch of (indices, batch) in the order `seed` gives: the one batching tune and sweep share.
+    Fewer `buckets` mean fewer XLA programs and more padding (what an accelerator prefers)."""
+    for indices in length_batches(sequences, batch_tokens, seed, MAX_BATCH, buckets):
+        length = bucket(len(sequences[indices[0]]), buckets)
         rows = max(1, min(MAX_BATCH, batch_tokens // length))
-        yield indices, pack([sequences[i] for i in indices], TRAIN_BUCKETS, rows, answer_budget(rows, length))
+        yield indices, pack([sequences[i] for i in indices], buckets, rows, answer_budget(rows, length))
 

@@ -304,6 +304,11 @@ def test_an_adapter_is_merged_once_into_a_cached_preset_that_gives_the_tuned_log
     calibrated = resolve_model(str(base_dir), tmp_path / "cache", adapter=adapter)
     assert calibrated.calibration == LabelCalibration((1.5, 0.0, -0.5), 2.0) and calibrated.model_id != source.model_id
     assert resolve_model(calibrated.preset, tmp_path / "cache").calibration == calibrated.calibration  # a baked preset
+    assert calibrated.prompt_format == 1  # a manifest without one: the format adapters learnt before formats had numbers
+    manifest_path(adapter).write_text(json.dumps({"prompt_format": 2}))
+    reformatted = resolve_model(str(base_dir), tmp_path / "cache", adapter=adapter)
+    assert reformatted.prompt_format == 2 and reformatted.model_id not in (source.model_id, calibrated.model_id)
+    assert resolve_model(reformatted.preset, tmp_path / "cache").prompt_format == 2  # the baked preset says so too
     with pytest.raises(ModelSpecError, match="lora.h5"):
         resolve_model(str(base_dir), tmp_path / "cache", adapter=tmp_path / "missing.lora.h5")
 
@@ -428,3 +433,21 @@ def test_numbers_written_come_from_the_chat(tiny_lm, chats):
     for output, chat in zip(grounded, texts):
         assert numbers(output.summary) <= numbers(chat), output.summary
         assert numbers(output.reply or "") <= numbers(chat), output.reply
+
+
+def test_format_2_hides_handle_digits_from_the_model_and_from_its_number_grounding(tiny_lm):
+    from datetime import datetime, timezone
+
+    from chatlens.contracts import ChatMessage, ChatWindow
+    from pipeline.model.decoding import grounding
+
+    text = "@115911 order 5512 never came, see https://t.co/77x"
+    message = ChatMessage(chat_id="c", message_id="m", sender="customer", user_id="u", text=text,
+                          sent_at=datetime(2026, 11, 1, tzinfo=timezone.utc))
+    window = ChatWindow(chat_id="c", window_id="w", customer_id="u", messages=[message])
+    for prompt_format, seen in ((1, {"115911", "5512", "77"}), (2, {"5512"})):
+        decoder = OnePassDecoder(tiny_lm, prompt_format=prompt_format)
+        prompt, _ = decoder.vocabulary.prompt(window)
+        table = grounding.number_table([decoder._decode(prompt)])[0]
+        numbers = {"".join(grounding.ALPHABET[c] for c in row if c >= 0) for row in table} - {""}
+        assert numbers == seen

@@ -24,6 +24,7 @@ def load_engine(options: ModelOptions, config: EngineConfig | None = None) -> En
     config = config or EngineConfig()
     if source.tuned:
         return OnePassEngine(causal_lm, source.model_id, max_prompt_tokens=config.max_prompt_tokens,
-                             calibration=source.calibration, offer_policy=source.offer_policy)
+                             calibration=source.calibration, offer_policy=source.offer_policy,
+                             prompt_format=source.prompt_format)
     variant = options.prompt_variant or ("chat" if source.instruction_tuned else "completion")
     return PromptedEngine(causal_lm, source.model_id, load_prompts(variant), config)
