@@ -40,9 +40,9 @@ def import_keras_hub(tensorflow: bool = True) -> ModuleType:
 def has_tensorflow() -> bool:
     """Whether keras-hub runs with TensorFlow in this process: its causal-LM preprocessors need it
     (`sources.ModelSource.load` does without them), the decoders do not."""
-    from keras_hub.src.utils.tensor_utils import tf
+    from pipeline import compat
 
-    return tf is not None
+    return compat.keras_hub_has_tensorflow()
 
 
 @functools.cache
