@@ -41,6 +41,7 @@ from pipeline.model.decoding.buckets import (
     prefill_groups,
 )
 from pipeline.model.decoding.calibration import LabelCalibration
+from pipeline.model.decoding.extractive import extractive_summary
 from pipeline.model.decoding.offer import DRAFT_WITHHELD, SUMMARY_UNSURE, OfferPolicy
 from pipeline.model.decoding.state import detokenize, model_state, stateless_scope, token_ids
 from pipeline.model.decoding.step import (
@@ -71,6 +72,11 @@ LOOP_COMPILER_OPTIONS = {"xla_cpu_copy_insertion_use_region_analysis": True}
 """XLA (CPU) otherwise copies every layer's cache twice a step: it cannot tell that the decoding
 loop's read of the cache is done before the in-place write of the new key and value. With region
 analysis it can (8 rows, ~700 positions: 105 -> 80 ms a step, the same tokens)."""
+
+# How a tuned model's summary is served: "model", the decoded summary itself; "extractive", the chat's own
+# sentences that the decoded summary names, quoted with the agent's last word and a status
+# (decoding/extractive.py). The blind review of dev chose extractive (README, "The retrained model").
+SUMMARY_STYLES = ("model", "extractive")
 
 
 @dataclass(frozen=True)
@@ -347,10 +353,13 @@ class OnePassEngine:
 
     def __init__(self, causal_lm, model_id: str, max_prompt_tokens: int = MAX_PROMPT_TOKENS,
                  calibration: LabelCalibration = LabelCalibration(), offer_policy: OfferPolicy = OfferPolicy(),
-                 prompt_format: int = 1):
+                 prompt_format: int = 1, summary_style: str = "model"):
+        if summary_style not in SUMMARY_STYLES:
+            raise ValueError(f"summary_style {summary_style!r}: one of {SUMMARY_STYLES}")
         self.decoder = OnePassDecoder(causal_lm, max_prompt_tokens=max_prompt_tokens, calibration=calibration,
                                       prompt_format=prompt_format)
-        self.prompt_version = f"tuned-one-pass-v{prompt_format}"
+        self.summary_style = summary_style
+        self.prompt_version = f"tuned-one-pass-v{prompt_format}" + ("+extractive" if summary_style == "extractive" else "")
         self.offer_policy = offer_policy
         self.model_id = model_id
         self.batches = 0
@@ -364,9 +373,12 @@ class OnePassEngine:
         self.batches += 1
         self.generated_tokens += sum(o.summary_tokens + o.reply_tokens for o in outputs)
         results = []
-        for out in outputs:
+        for window, out in zip(windows, outputs):
             flags = ("context_truncated",) if out.truncated else ()
             summary = out.summary
+            if self.summary_style == "extractive":  # the decoded summary picks the quotes, never writes them
+                label = max(range(3), key=out.probabilities.__getitem__) - 1
+                summary = extractive_summary(window, label, guide=out.summary or None)
             if not summary:
                 summary, flags = "(no summary: the model returned nothing)", flags + ("summary_empty",)
             if out.reply == "":

@@ -45,6 +45,7 @@ from pipeline.model.loading.deferred_weights import build_unfilled, settle
 from pipeline.model.loading.keras_import import import_keras_hub
 from pipeline.model.training.adapters import (ADAPTER_SUFFIX, SHIPPED_ADAPTER, adapter_calibration, adapter_name,
                                               adapter_offer_policy, adapter_prompt_format,
+                                              adapter_summary_style,
                                               load_adapter)
 from pipeline.model.types import ModelSpecError
 
@@ -70,6 +71,7 @@ class ModelSource:
     calibration: LabelCalibration = LabelCalibration()  # a tuned model's, from its manifest
     offer_policy: OfferPolicy = OfferPolicy()  # when its drafts are offered, from its manifest
     prompt_format: int = 1  # the one-pass format a tuned model learnt (training/format.py), from its manifest
+    summary_style: str = "model"  # a tuned model's summaries as decoded or quoted (decoding/one_pass.py), from its manifest
 
     def load(self, dtype: str = "float32") -> Any:
         """The `keras_hub.models.CausalLM` (a `Gemma3CausalLM` for the bundled GGUF).
@@ -191,12 +193,14 @@ def _with_adapter(base: ModelSource, adapter: Path, cache_dir: Path) -> ModelSou
     if not adapter.is_file():
         raise ModelSpecError(f"adapter {str(adapter)!r}: no {ADAPTER_SUFFIX} file there")
     calibration, offer_policy = adapter_calibration(adapter), adapter_offer_policy(adapter)
-    prompt_format = adapter_prompt_format(adapter)
+    prompt_format, summary_style = adapter_prompt_format(adapter), adapter_summary_style(adapter)
     digest = hashlib.sha256(adapter.read_bytes())
     if calibration != LabelCalibration():
         digest.update(json.dumps(calibration.to_json(), sort_keys=True).encode())
     if prompt_format != 1:  # the same weights read another prompt: another model
         digest.update(f"prompt_format={prompt_format}".encode())
+    if summary_style != "model":
+        digest.update(f"summary_style={summary_style}".encode())
     digest = digest.hexdigest()
     model_id = f"{base.model_id}+{name}@{digest[:8]}"
     marker = {
@@ -206,6 +210,7 @@ def _with_adapter(base: ModelSource, adapter: Path, cache_dir: Path) -> ModelSou
         "label_calibration": calibration.to_json(),
         "offer_policy": offer_policy.to_json(),  # read back by a baked preset directory (`_preset_dir`)
         "prompt_format": prompt_format,
+        "summary_style": summary_style,
         "source_sha256": hashlib.sha256(f"{base.model_id}|{digest}".encode()).hexdigest(),
         "converter_version": "lora-merge-1",
     }
@@ -219,7 +224,7 @@ def _with_adapter(base: ModelSource, adapter: Path, cache_dir: Path) -> ModelSou
     return ModelSource(spec=f"{base.spec}+{adapter}", kind="preset_dir", preset=str(preset_dir), model_id=model_id,
                        instruction_tuned=base.instruction_tuned, converted=_ensure_preset(preset_dir, marker, merge),
                        tuned=True, calibration=calibration, offer_policy=offer_policy,
-                       prompt_format=prompt_format)
+                       prompt_format=prompt_format, summary_style=summary_style)
 
 
 def _ensure_preset(preset_dir: Path, marker: dict[str, Any], build: Callable[[Path], None]) -> bool:
@@ -288,6 +293,7 @@ def _preset_dir(spec: str, path: Path) -> ModelSource:
         calibration=LabelCalibration.from_json(marker.get("label_calibration")),
         offer_policy=OfferPolicy.from_json(marker.get("offer_policy")),
         prompt_format=int(marker.get("prompt_format", 1)),
+        summary_style=str(marker.get("summary_style", "model")),
     )
 
 

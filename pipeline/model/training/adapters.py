@@ -54,6 +54,12 @@ def adapter_prompt_format(adapter: str | Path) -> int:
     return int(_manifest(adapter).get("prompt_format", 1))
 
 
+def adapter_summary_style(adapter: str | Path) -> str:
+    """How the adapter's summaries are served (`decoding/one_pass.py`, SUMMARY_STYLES): its manifest's
+    `summary_style`, "model" (the decoded summary itself) without one."""
+    return str(_manifest(adapter).get("summary_style", "model"))
+
+
 def load_adapter(backbone, adapter: str) -> None:
     """`backbone.load_lora_weights` for an adapter on any layers, not only keras-hub's default targets.
 

@@ -241,6 +241,27 @@ def test_a_reply_below_the_offer_policy_is_withheld_with_its_confidence_and_an_u
     assert any(DRAFT_WITHHELD in a.flags for a in strict) and any(a.reply_draft for a in strict)
 
 
+def test_extractive_summaries_quote_the_chat_where_the_decoded_summary_points_and_change_nothing_else(tiny_lm, chats):
+    from pipeline.model.decoding.extractive import extractive_summary
+    from pipeline.model.decoding.one_pass import OnePassEngine
+    from pipeline.normalise import normalise
+
+    windows = [c.window for c in chats[:3]]
+    decoded = OnePassEngine(tiny_lm, "tiny", prompt_format=2).analyze(windows, "all")
+    quoted = OnePassEngine(tiny_lm, "tiny", prompt_format=2, summary_style="extractive").analyze(windows, "all")
+    assert quoted[0].prompt_version == "tuned-one-pass-v2+extractive" != decoded[0].prompt_version
+    for window, free, extract in zip(windows, decoded, quoted):
+        assert (extract.scores, extract.reply_draft, extract.summary_confidence) == (
+            free.scores, free.reply_draft, free.summary_confidence)
+        assert extract.summary == extractive_summary(window, extract.sentiment, guide=free.summary)
+        chat = " ".join(" ".join(normalise(m.text).split()) for m in window.messages)
+        for quote in extract.summary.split("“")[1:]:
+            for piece in quote.split("”")[0].split(" … "):
+                assert piece.strip(" …") in chat
+    with pytest.raises(ValueError, match="summary_style"):
+        OnePassEngine(tiny_lm, "tiny", summary_style="abstractive")
+
+
 def test_the_calibration_moves_the_label_and_the_reply_decision_and_only_rescales_confidence(tiny_lm, chats):
     from pipeline.model.decoding.calibration import LabelCalibration
 
@@ -309,6 +330,10 @@ def test_an_adapter_is_merged_once_into_a_cached_preset_that_gives_the_tuned_log
     reformatted = resolve_model(str(base_dir), tmp_path / "cache", adapter=adapter)
     assert reformatted.prompt_format == 2 and reformatted.model_id not in (source.model_id, calibrated.model_id)
     assert resolve_model(reformatted.preset, tmp_path / "cache").prompt_format == 2  # the baked preset says so too
+    manifest_path(adapter).write_text(json.dumps({"prompt_format": 2, "summary_style": "extractive"}))
+    quoting = resolve_model(str(base_dir), tmp_path / "cache", adapter=adapter)
+    assert quoting.summary_style == "extractive" and quoting.model_id != reformatted.model_id
+    assert resolve_model(quoting.preset, tmp_path / "cache").summary_style == "extractive"
     with pytest.raises(ModelSpecError, match="lora.h5"):
         resolve_model(str(base_dir), tmp_path / "cache", adapter=tmp_path / "missing.lora.h5")
 

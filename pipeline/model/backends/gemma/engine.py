@@ -25,6 +25,6 @@ def load_engine(options: ModelOptions, config: EngineConfig | None = None) -> En
     if source.tuned:
         return OnePassEngine(causal_lm, source.model_id, max_prompt_tokens=config.max_prompt_tokens,
                              calibration=source.calibration, offer_policy=source.offer_policy,
-                             prompt_format=source.prompt_format)
+                             prompt_format=source.prompt_format, summary_style=source.summary_style)
     variant = options.prompt_variant or ("chat" if source.instruction_tuned else "completion")
     return PromptedEngine(causal_lm, source.model_id, load_prompts(variant), config)
