@@ -227,8 +227,10 @@ def test_a_message_that_keeps_failing_is_dead_lettered_after_bounded_attempts_an
             data, attributes = held.messages[0]
             assert data == stuck[0]
             assert attributes["CloudPubSubDeadLetterSourceDeliveryCount"] == str(LAYOUT.max_delivery_attempts)
+            # The service counted exactly its attempts (above); the subscriber may have seen more deliveries:
+            # at-least-once copies (the server's worst case sends spontaneous ones) are not attempts.
             failed = subscriber.status().outcomes["failed"]
-            assert failed == LAYOUT.max_delivery_attempts
+            assert failed >= LAYOUT.max_delivery_attempts
             time.sleep(2)
             assert subscriber.status().outcomes["failed"] == failed  # not delivered again
             print(f"bounded retries: {failed} failed deliveries, then held after {given_up:.1f} s")
