@@ -62,7 +62,7 @@ from pipeline.model.training.format import (
     SUMMARY_TOKENS,
     Vocabulary,
 )
-from pipeline.model.types import WindowAnalysis, reply_policies
+from pipeline.model.types import WindowAnalysis, reply_policies, sentiment_of
 
 log = logging.getLogger(__name__)
 
@@ -377,8 +377,7 @@ class OnePassEngine:
             flags = ("context_truncated",) if out.truncated else ()
             summary = out.summary
             if self.summary_style == "extractive":  # the decoded summary picks the quotes, never writes them
-                label = max(range(3), key=out.probabilities.__getitem__) - 1
-                summary = extractive_summary(window, label, guide=out.summary or None)
+                summary = extractive_summary(window, sentiment_of(out.probabilities), guide=out.summary or None)
             if not summary:
                 summary, flags = "(no summary: the model returned nothing)", flags + ("summary_empty",)
             if out.reply == "":

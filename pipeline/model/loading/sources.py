@@ -43,9 +43,7 @@ from pipeline.model.decoding.calibration import LabelCalibration
 from pipeline.model.decoding.offer import OfferPolicy
 from pipeline.model.loading.deferred_weights import build_unfilled, settle
 from pipeline.model.loading.keras_import import import_keras_hub
-from pipeline.model.training.adapters import (ADAPTER_SUFFIX, SHIPPED_ADAPTER, adapter_calibration, adapter_name,
-                                              adapter_offer_policy, adapter_prompt_format,
-                                              adapter_summary_style,
+from pipeline.model.training.adapters import (ADAPTER_SUFFIX, SHIPPED_ADAPTER, AdapterServing, adapter_name,
                                               load_adapter)
 from pipeline.model.types import ModelSpecError
 
@@ -192,8 +190,9 @@ def _with_adapter(base: ModelSource, adapter: Path, cache_dir: Path) -> ModelSou
     name = adapter_name(adapter)
     if not adapter.is_file():
         raise ModelSpecError(f"adapter {str(adapter)!r}: no {ADAPTER_SUFFIX} file there")
-    calibration, offer_policy = adapter_calibration(adapter), adapter_offer_policy(adapter)
-    prompt_format, summary_style = adapter_prompt_format(adapter), adapter_summary_style(adapter)
+    serving = AdapterServing.of(adapter)
+    calibration, offer_policy = serving.calibration, serving.offer_policy
+    prompt_format, summary_style = serving.prompt_format, serving.summary_style
     digest = hashlib.sha256(adapter.read_bytes())
     if calibration != LabelCalibration():
         digest.update(json.dumps(calibration.to_json(), sort_keys=True).encode())

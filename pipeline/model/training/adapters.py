@@ -8,6 +8,7 @@ a preset) reads this module, never the trainer.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline import compat
@@ -39,25 +40,24 @@ def _manifest(adapter: str | Path) -> dict:
         return {}
 
 
-def adapter_calibration(adapter: str | Path) -> LabelCalibration:
-    """The label calibration in the adapter's manifest; none (identity) without one."""
-    return LabelCalibration.from_json(_manifest(adapter).get("label_calibration"))
+@dataclass(frozen=True)
+class AdapterServing:
+    """How an adapter is served, from its manifest (read once): the label calibration, when drafts
+    are offered, the prompt format it learnt (`training/format.py`) and how its summaries are served
+    (`decoding/one_pass.py`, SUMMARY_STYLES). Without a manifest: identity calibration, drafts always
+    offered, format 1, the decoded summary itself ("model")."""
 
+    calibration: LabelCalibration = LabelCalibration()
+    offer_policy: OfferPolicy = OfferPolicy()
+    prompt_format: int = 1
+    summary_style: str = "model"
 
-def adapter_offer_policy(adapter: str | Path) -> OfferPolicy:
-    """When the adapter's drafts are offered (its manifest's `offer_policy`); always without one."""
-    return OfferPolicy.from_json(_manifest(adapter).get("offer_policy"))
-
-
-def adapter_prompt_format(adapter: str | Path) -> int:
-    """The prompt format the adapter learnt (`training/format.py`): its manifest's, 1 without one."""
-    return int(_manifest(adapter).get("prompt_format", 1))
-
-
-def adapter_summary_style(adapter: str | Path) -> str:
-    """How the adapter's summaries are served (`decoding/one_pass.py`, SUMMARY_STYLES): its manifest's
-    `summary_style`, "model" (the decoded summary itself) without one."""
-    return str(_manifest(adapter).get("summary_style", "model"))
+    @classmethod
+    def of(cls, adapter: str | Path) -> AdapterServing:
+        manifest = _manifest(adapter)
+        return cls(LabelCalibration.from_json(manifest.get("label_calibration")),
+                   OfferPolicy.from_json(manifest.get("offer_policy")), int(manifest.get("prompt_format", 1)),
+                   str(manifest.get("summary_style", "model")))
 
 
 def load_adapter(backbone, adapter: str) -> None:
