@@ -139,7 +139,7 @@ def run(args: argparse.Namespace) -> int:
     lm, source = load_causal_lm(args.model, cache_dir=args.model_cache or get_settings().cache)
     # The engine the pipeline will run, over the model being tuned: its format and its dev figures.
     prompt_format = AdapterServing.of(args.out).prompt_format if args.recalibrate else LATEST_FORMAT
-    engine = OnePassEngine(lm, f"{source.model_id}+{name}", prompt_format=prompt_format)
+    engine = OnePassEngine(lm, f"{source.model_id}+{name}", serving=AdapterServing(prompt_format=prompt_format))
     dev = load_split("dev", args.data_dir)[: args.dev_limit]
     if args.recalibrate:
         manifest = read_manifest(args.out, "--recalibrate")

@@ -137,8 +137,10 @@ def test_the_shipped_adapter_is_the_default_and_holds_its_figures_on_test(model_
     assert manifest["training_data"]["sha256"] == training_data.hexdigest()
     source = resolve_model(GGUF_SPEC, model_cache)
     assert source.tuned and source.model_id.startswith(f"{manifest['base_model']}+chatlens-gemma3-270m@")
-    assert source.calibration == LabelCalibration.from_json(manifest["label_calibration"]) != LabelCalibration()
-    assert source.prompt_format == manifest["prompt_format"] == 2 and source.summary_style == manifest["summary_style"] == "extractive"
+    assert source.serving.calibration == LabelCalibration.from_json(manifest["label_calibration"]) != LabelCalibration()
+    assert source.serving.prompt_format == manifest["prompt_format"] == 2
+    assert source.serving.summary_style == manifest["summary_style"] == "extractive"
+    assert source.serving.reply_style == manifest["reply_style"] == "macro"
     chats = tmp_path / "test-sample.jsonl"
     chats.write_text("\n".join((DATA_DIR / "test.jsonl").read_text(encoding="utf-8").splitlines()[::5]) + "\n")
     sample = load_examples(chats)
@@ -152,7 +154,7 @@ def test_the_shipped_adapter_is_the_default_and_holds_its_figures_on_test(model_
     drafted = [r["reply"] is not None for r in rows]
     assert not any(d for d, e in zip(drafted, sample) if not e.has_gold("reply"))
     tuned, vader = systems["gemma3-270m"], systems["vader"]
-    assert tuned["model_id"] == source.model_id and tuned["prompt_version"] == "tuned-one-pass-v2+extractive"
+    assert tuned["model_id"] == source.model_id and tuned["prompt_version"] == "tuned-one-pass-v2+extractive+macro"
     print(json.dumps(tuned))
     sentiment, summary, reply = tuned["sentiment"], tuned["summary"], tuned["reply"]
     assert sentiment["n"] == summary["n"] == len(sample) == 82

@@ -163,7 +163,10 @@ def test_handles_and_links_are_quoted_as_markers():
                        "Status: waiting for the customer's answer.")
 
 
-def test_the_dev_tool_adds_an_extractive_system_beside_the_model(tmp_path):
+def test_the_dev_tool_adds_each_style_beside_the_model_from_its_own_outputs(tmp_path):
+    from chatlens.replies import read_library
+    from pipeline.model.decoding.macros import macro_reply
+
     dev = load_split("dev")[:4]
     rows = [{"system": "gemma3-270m", "chat_id": e.window.chat_id, "label": e.label, "confidence": 0.9,
              "summary": e.summary, "reply": e.reply, "summary_confidence": 0.5, "reply_confidence": 0.6,
@@ -171,18 +174,19 @@ def test_the_dev_tool_adds_an_extractive_system_beside_the_model(tmp_path):
     (tmp_path / "preds.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
     corpus = tmp_path / "dev.jsonl"
     corpus.write_text("".join(e.to_json() + "\n" for e in dev))
-    extractive_dev = tool("extractive_dev")
+    styles_dev = tool("styles_dev")
     out = tmp_path / "both.jsonl"
-    assert extractive_dev.main(["--predictions", str(tmp_path / "preds.jsonl"), "--data", str(corpus),
-                                "--out", str(out)]) == 0
+    assert styles_dev.main(["--predictions", str(tmp_path / "preds.jsonl"), "--data", str(corpus),
+                            "--style", "extractive", "--style", "macro+opening", "--out", str(out)]) == 0
     written = [json.loads(line) for line in out.read_text().splitlines()]
     assert written[:4] == rows
-    for example, row, new in zip(dev, rows, written[4:]):
-        assert new["system"] == "gemma3-270m+extractive" and new["summary_confidence"] is None
-        assert [new[k] for k in ("label", "reply", "reply_confidence")] == [row[k] for k in ("label", "reply",
-                                                                                           "reply_confidence")]
-        assert new["summary"] == extractive_summary(example.window, row["label"], row["summary"])
-    assert extractive_dev.main(["--predictions", str(out), "--split", "dev", "--summary-only",
-                                "--out", str(out)]) == 0
+    library = read_library()
+    for example, row, quoted, picked in zip(dev, rows, written[4:8], written[8:]):
+        assert quoted["system"] == "gemma3-270m+extractive" and quoted["summary_confidence"] is None
+        assert quoted["label"] == row["label"] and quoted["reply"] is None  # judged once, under the model
+        assert quoted["summary"] == extractive_summary(example.window, row["label"], row["summary"])
+        assert picked["system"] == "gemma3-270m+macro+opening" and picked["summary"] is None
+        assert picked["reply"] == (row["reply"] and macro_reply(example.window, library, row["reply"], own_opening=True))
+    assert styles_dev.main(["--predictions", str(out), "--split", "dev", "--style", "macro", "--out", str(out)]) == 0
     again = [json.loads(line) for line in out.read_text().splitlines()]
-    assert len(again) == 12 and all(r["reply"] is None for r in again[8:])  # its own rows are not copied twice
+    assert len(again) == 16 and all(r["system"] == "gemma3-270m+macro" for r in again[12:])  # restyled rows: not copied

@@ -86,7 +86,7 @@ def _said(window: ChatWindow, m: int) -> list[_Sentence]:
     return [_Sentence(text, m, i) for i, text in enumerate(_pieces(window.messages[m].text)) if text]
 
 
-def _words(text: str) -> set[str]:
+def content_words(text: str) -> set[str]:
     """What a guide and a sentence share: numbers and codes whole, other words by their first five
     letters without accents ("delivered" meets "delivery", "portátil" "portable"), function words left out."""
     plain = "".join(c for c in unicodedata.normalize("NFKD", text.lower()) if not unicodedata.combining(c))
@@ -115,7 +115,7 @@ def _quote(picked: list[_Sentence], limit: int) -> str:
 
 
 def _named(sentence: _Sentence, guide: set[str]) -> set[str]:
-    return _words(sentence.text) & guide
+    return content_words(sentence.text) & guide
 
 
 def _weight(words: set[str]) -> int:
@@ -158,7 +158,7 @@ def _staff_part(window: ChatWindow, guide: set[str]) -> str:
         return ""
     who, last = _who(window.messages[staff[-1]]), _message_quote(window, staff[-1], guide, STAFF_CHARS)
     part = f" {who}'s last message: “{last}”."
-    told = {m: _weight(_words(window.messages[m].text) & guide) for m in staff
+    told = {m: _weight(content_words(window.messages[m].text) & guide) for m in staff
             if window.messages[m].sender == window.messages[staff[-1]].sender}
     earlier = [m for m in told if told[m] >= NEW_WORDS and told[m] > told[staff[-1]]]
     if not earlier or STAFF_CHARS - len(last) < MIN_EARLIER_CHARS:
@@ -205,7 +205,7 @@ def extractive_summary(window: ChatWindow, label: int, guide: str | None = None)
     """`Customer: “…”. [Agent, earlier: “…”.] Agent's last message: “…”. Status: ….`, within
     `MAX_SUMMARY_CHARS`: quotes of the chat and fixed words. `guide`, the model's free-form
     summary, picks which sentences are quoted."""
-    words = _words(guide or "")
+    words = content_words(guide or "")
     summary = f"{_customer_part(window, words)}{_staff_part(window, words)} Status: {status(window, label)}."
     assert len(summary) <= MAX_SUMMARY_CHARS, summary  # the quotes' limits and the fixed words add up to less
     return summary

@@ -40,7 +40,6 @@ from typing import Any, Literal
 from chatlens.config import get_settings
 from chatlens.quiet import native_noise_filtered
 from pipeline.model.decoding.calibration import LabelCalibration
-from pipeline.model.decoding.offer import OfferPolicy
 from pipeline.model.loading.deferred_weights import build_unfilled, settle
 from pipeline.model.loading.keras_import import import_keras_hub
 from pipeline.model.training.adapters import (ADAPTER_SUFFIX, SHIPPED_ADAPTER, AdapterServing, adapter_name,
@@ -66,10 +65,7 @@ class ModelSource:
     instruction_tuned: bool  # chat-template prompts vs plain-continuation prompts
     converted: bool = False  # True when resolving this spec ran a conversion or an adapter merge
     tuned: bool = False  # tuned by ChatLens: answers in one pass (pipeline/model/training/format.py)
-    calibration: LabelCalibration = LabelCalibration()  # a tuned model's, from its manifest
-    offer_policy: OfferPolicy = OfferPolicy()  # when its drafts are offered, from its manifest
-    prompt_format: int = 1  # the one-pass format a tuned model learnt (training/format.py), from its manifest
-    summary_style: str = "model"  # a tuned model's summaries as decoded or quoted (decoding/one_pass.py), from its manifest
+    serving: AdapterServing = AdapterServing()  # a tuned model's calibration, offer policy, format and styles, from its manifest
 
     def load(self, dtype: str = "float32") -> Any:
         """The `keras_hub.models.CausalLM` (a `Gemma3CausalLM` for the bundled GGUF).
@@ -191,25 +187,22 @@ def _with_adapter(base: ModelSource, adapter: Path, cache_dir: Path) -> ModelSou
     if not adapter.is_file():
         raise ModelSpecError(f"adapter {str(adapter)!r}: no {ADAPTER_SUFFIX} file there")
     serving = AdapterServing.of(adapter)
-    calibration, offer_policy = serving.calibration, serving.offer_policy
-    prompt_format, summary_style = serving.prompt_format, serving.summary_style
+    calibration, prompt_format = serving.calibration, serving.prompt_format
     digest = hashlib.sha256(adapter.read_bytes())
     if calibration != LabelCalibration():
         digest.update(json.dumps(calibration.to_json(), sort_keys=True).encode())
     if prompt_format != 1:  # the same weights read another prompt: another model
         digest.update(f"prompt_format={prompt_format}".encode())
-    if summary_style != "model":
-        digest.update(f"summary_style={summary_style}".encode())
+    for style in ("summary_style", "reply_style"):  # served otherwise: other outputs
+        if getattr(serving, style) != "model":
+            digest.update(f"{style}={getattr(serving, style)}".encode())
     digest = digest.hexdigest()
     model_id = f"{base.model_id}+{name}@{digest[:8]}"
     marker = {
         "model_id": model_id,
         "instruction_tuned": base.instruction_tuned,
         "tuned": True,
-        "label_calibration": calibration.to_json(),
-        "offer_policy": offer_policy.to_json(),  # read back by a baked preset directory (`_preset_dir`)
-        "prompt_format": prompt_format,
-        "summary_style": summary_style,
+        **serving.to_json(),  # read back by a baked preset directory (`_preset_dir`)
         "source_sha256": hashlib.sha256(f"{base.model_id}|{digest}".encode()).hexdigest(),
         "converter_version": "lora-merge-1",
     }
@@ -222,8 +215,7 @@ def _with_adapter(base: ModelSource, adapter: Path, cache_dir: Path) -> ModelSou
 
     return ModelSource(spec=f"{base.spec}+{adapter}", kind="preset_dir", preset=str(preset_dir), model_id=model_id,
                        instruction_tuned=base.instruction_tuned, converted=_ensure_preset(preset_dir, marker, merge),
-                       tuned=True, calibration=calibration, offer_policy=offer_policy,
-                       prompt_format=prompt_format, summary_style=summary_style)
+                       tuned=True, serving=serving)
 
 
 def _ensure_preset(preset_dir: Path, marker: dict[str, Any], build: Callable[[Path], None]) -> bool:
@@ -289,10 +281,7 @@ def _preset_dir(spec: str, path: Path) -> ModelSource:
         model_id=str(marker.get("model_id", name)),
         instruction_tuned=bool(marker.get("instruction_tuned", _INSTRUCT.search(name))),
         tuned=bool(marker.get("tuned", False)),
-        calibration=LabelCalibration.from_json(marker.get("label_calibration")),
-        offer_policy=OfferPolicy.from_json(marker.get("offer_policy")),
-        prompt_format=int(marker.get("prompt_format", 1)),
-        summary_style=str(marker.get("summary_style", "model")),
+        serving=AdapterServing.from_json(marker),
     )
 
 
