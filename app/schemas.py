@@ -14,7 +14,7 @@ from app import sentiments
 from app.security import MAX_PASSWORD_CHARS
 from app.crud.errors import PREVIEW_CHARS, ErrorRow
 from app.models import CHAT_WINDOW_COPY, AuditEntry, Chat, Insight, Macro
-from chatlens.contracts import ANALYSIS_FIELDS, MAX_REPLY_CHARS, ChatAnalysis
+from chatlens.contracts import ANALYSIS_FIELDS, MAX_REPLY_CHARS, REFERENCE_PLACEHOLDER, ChatAnalysis
 
 SentimentName = Literal["negative", "neutral", "positive"]
 
@@ -220,4 +220,4 @@ class MacroOut(BaseModel):
     @property
     def uses_reference(self) -> bool:
         """Whether the text has `{reference}`: then it is picked only for chats that gave one."""
-        return "{reference}" in self.body
+        return REFERENCE_PLACEHOLDER in self.body

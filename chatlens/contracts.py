@@ -34,6 +34,7 @@ MAX_REPLY_CHARS = 2_000
 MAX_ERROR_CHARS = 2_000
 MAX_MACRO_BODY_CHARS = 1_000  # a reply macro's text: a draft's next step, well within MAX_REPLY_CHARS
 MAX_LIBRARY_MACROS = 2_000
+REFERENCE_PLACEHOLDER = "{reference}"  # in a macro's body: the order, parcel or booking code the customer gave
 MAX_PAYLOAD_BYTES = 10 * 1024 * 1024  # Pub/Sub's own message size limit.
 CLOSED_ATTRIBUTE = "closed"
 """Pub/Sub attribute of a ChatMessage: `closed=true` on the last message of a chat ends it."""

@@ -88,8 +88,8 @@ def list_macros(session: Session, language: str | None = None) -> list[Macro]:
     return list(session.scalars(query))
 
 
-def get_macro(session: Session, macro_id: int) -> Macro:
-    macro = session.get(Macro, macro_id)
+def get_macro(session: Session, macro_id: int, for_update: bool = False) -> Macro:
+    macro = session.get(Macro, macro_id, with_for_update=for_update)
     if macro is None:
         raise NotFound(f"No macro {macro_id}.")
     return macro
@@ -149,9 +149,7 @@ def update_macro(db: Database, macro_id: int, actor: str, title: str, language: 
     """Change a macro's words; saving it unchanged records nothing."""
     checked = check(title, language, keywords, body)
     with db.writing() as session:
-        macro = session.get(Macro, macro_id, with_for_update=True)
-        if macro is None:
-            raise NotFound(f"No macro {macro_id}.")
+        macro = get_macro(session, macro_id, for_update=True)
         before = snapshot(macro)
         for name in FIELDS:
             setattr(macro, name, getattr(checked, name))
@@ -168,9 +166,7 @@ def update_macro(db: Database, macro_id: int, actor: str, title: str, language: 
 
 def delete_macro(db: Database, macro_id: int, actor: str, export_to: str | None = None) -> None:
     with db.writing() as session:
-        macro = session.get(Macro, macro_id, with_for_update=True)
-        if macro is None:
-            raise NotFound(f"No macro {macro_id}.")
+        macro = get_macro(session, macro_id, for_update=True)
         audit.record(session, actor, DELETED, before=snapshot(macro))
         session.delete(macro)
         session.commit()

@@ -9,8 +9,9 @@ and keywords share most of their words wins (`extractive.content_words`: word st
 gave; a macro using it is only picked for a chat that has one, and is preferred on a tie.
 
 The macros are the chat's language's (`ChatWindow.language`, its primary subtag); a chat without
-one gets the language whose macros the customer's words meet most (else the library's first). Where nothing matches, the
-language's macro without keywords (the catch-all) is used; a language with no macros gets no draft.
+one gets the language whose macros the customer's words meet most (else the library's first).
+Where nothing matches, the language's macro without keywords (the catch-all) is used; a language
+with no macros gets no draft.
 """
 
 from __future__ import annotations
@@ -18,11 +19,12 @@ from __future__ import annotations
 import math
 import re
 from collections import Counter
+
+from chatlens.contracts import REFERENCE_PLACEHOLDER as REFERENCE
 from chatlens.contracts import ChatWindow, ReplyLibrary, ReplyMacro
 from pipeline.model.decoding.extractive import content_words, sentences
 from pipeline.review_checks import reply_problems
 
-REFERENCE = "{reference}"
 MAX_OPENING_CHARS = 240
 _CODE = re.compile(r"(?<![\w-])(?:[A-Za-z]{1,5}-?\d{3,}[A-Za-z0-9-]*|\d{5,})(?![\w-])")
 """An order, parcel, booking or ticket code: letters then digits (`PP-5561027`, `AB12345`) or a
@@ -37,16 +39,29 @@ def reference(window: ChatWindow) -> str | None:
     return None
 
 
+def _primary(tag: str) -> str:
+    """A language tag's primary subtag, as macros and chats are matched: "pt-BR" -> "pt"."""
+    return tag.split("-")[0].lower()
+
+
+def _customer_words(window: ChatWindow) -> set[str]:
+    return content_words(" ".join(m.text for m in window.messages if m.sender == "customer"))
+
+
+def _in_language(library: ReplyLibrary, language: str | None) -> list[ReplyMacro]:
+    return [m for m in library.macros if _primary(m.language) == language]
+
+
 def language_of(window: ChatWindow, library: ReplyLibrary) -> str | None:
     """The chat's language as the library knows it: its own (primary subtag); for a chat without
     one, the language whose macros share most words with the customer's, else the library's first
     (the team's own). None only for an empty library."""
     if window.language:
-        return window.language.split("-")[0].lower()
-    said = content_words(" ".join(m.text for m in window.messages if m.sender == "customer"))
+        return _primary(window.language)
+    said = _customer_words(window)
     shared: dict[str, int] = {}
     for macro in library.macros:
-        language = macro.language.split("-")[0].lower()
+        language = _primary(macro.language)
         shared[language] = shared.get(language, 0) + len(_macro_words(macro, body=True) & said)
     return max(shared, key=shared.__getitem__, default=None)  # a tie: the first in library order
 
@@ -57,8 +72,7 @@ def _macro_words(macro: ReplyMacro, body: bool = False) -> set[str]:
 
 def candidates(library: ReplyLibrary, language: str | None, code: str | None) -> list[ReplyMacro]:
     """The macros a chat may get: its language's, those using `{reference}` only where it has one."""
-    return [m for m in library.macros if m.language.split("-")[0].lower() == language
-            and (code is not None or REFERENCE not in m.body)]
+    return [m for m in _in_language(library, language) if code is not None or REFERENCE not in m.body]
 
 
 def pick(window: ChatWindow, library: ReplyLibrary, guide: str | None = None) -> ReplyMacro | None:
@@ -68,7 +82,7 @@ def pick(window: ChatWindow, library: ReplyLibrary, guide: str | None = None) ->
     the language has no macros, or none matches and it has no catch-all."""
     code = reference(window)
     found = candidates(library, language_of(window, library), code)
-    said = content_words(" ".join(m.text for m in window.messages if m.sender == "customer"))
+    said = _customer_words(window)
     drafted = content_words(guide or "")
     named = [_macro_words(macro) for macro in found]
     naming = Counter(word for words in named for word in words)
@@ -92,8 +106,8 @@ def opening(window: ChatWindow, library: ReplyLibrary, guide: str | None) -> str
     if first is None or len(first) > MAX_OPENING_CHARS:
         return None
     language = language_of(window, library)
-    allowed = content_words(" ".join([*(m.text for m in window.messages if m.sender == "customer"),
-                                      *(f"{m.title} {m.keywords} {m.body}" for m in candidates(library, language, ""))]))
+    allowed = _customer_words(window).union(
+        *(_macro_words(m, body=True) for m in _in_language(library, language)))
     if content_words(first) - allowed or reply_problems(first, window):
         return None
     return first
