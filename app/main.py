@@ -21,7 +21,7 @@ from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
 from app.body_limit import BodyLimit
 from app.context import AppContext
-from app.crud import chats, secrets
+from app.crud import chats, macros, secrets
 from app.crud.ingest import ingest_dead_letter, ingest_insight
 from app.db import Database
 from app.deps import verify_csrf
@@ -64,6 +64,8 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     ctx: AppContext = app.state.ctx
     s = ctx.settings
     await asyncio.to_thread(ctx.db.upgrade)
+    # The pipeline reads the library the dashboard keeps: it gets the file before the first change.
+    await asyncio.to_thread(macros.export_library, ctx.db, s.reply_library)
     ctx.secret = (s.session_secret.get_secret_value() if s.session_secret
                   else await asyncio.to_thread(secrets.get_or_create, ctx.db, "session_secret"))
     ctx.hub = EventHub(ctx.db, s.event_poll_seconds, s.event_retention, ctx.feed_status)

@@ -213,6 +213,24 @@ class AuditEntry(Base):
     after: Mapped[dict | None] = mapped_column(JSON)
 
 
+class Macro(Base):
+    """One reply macro of the team's library (`chatlens.contracts.ReplyMacro`), kept by supervisors.
+
+    `position` is the library's order, in which the file the pipeline reads lists them.
+    """
+
+    __tablename__ = "reply_macros"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    position: Mapped[int] = mapped_column(Integer)
+    title: Mapped[str] = mapped_column(Text)
+    language: Mapped[str] = mapped_column(String(35))
+    keywords: Mapped[str] = mapped_column(Text, default="")
+    body: Mapped[str] = mapped_column(Text)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    updated_by: Mapped[str | None] = mapped_column(String(64))  # None: as shipped (seeded by the migration)
+
+
 class Feedback(Base):
     """A sentiment correction by a person: the labels `chatlens eval` learns from."""
 

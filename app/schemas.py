@@ -13,8 +13,8 @@ from pydantic import BaseModel, Field, create_model
 from app import sentiments
 from app.security import MAX_PASSWORD_CHARS
 from app.crud.errors import PREVIEW_CHARS, ErrorRow
-from app.models import CHAT_WINDOW_COPY, AuditEntry, Chat, Insight
-from chatlens.contracts import ANALYSIS_FIELDS, MAX_REPLY_CHARS, ChatAnalysis
+from app.models import CHAT_WINDOW_COPY, AuditEntry, Chat, Insight, Macro
+from chatlens.contracts import ANALYSIS_FIELDS, MAX_REPLY_CHARS, REFERENCE_PLACEHOLDER, ChatAnalysis
 
 SentimentName = Literal["negative", "neutral", "positive"]
 
@@ -200,3 +200,24 @@ class ErrorOut(BaseModel):
             payload_preview=text[:PREVIEW_CHARS] + (" …" if cut else ""),
             payload_bytes=row.payload_bytes,
         )
+
+
+class MacroOut(BaseModel):
+    """A reply macro as the library page shows it: the contract's fields and who changed it last."""
+
+    id: int
+    title: str
+    language: str
+    keywords: str
+    body: str
+    updated_at: datetime
+    updated_by: str | None = Field(description="null: as ChatLens shipped it")
+
+    @classmethod
+    def of(cls, macro: Macro) -> MacroOut:
+        return cls.model_validate(macro, from_attributes=True)
+
+    @property
+    def uses_reference(self) -> bool:
+        """Whether the text has `{reference}`: then it is picked only for chats that gave one."""
+        return REFERENCE_PLACEHOLDER in self.body

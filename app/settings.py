@@ -84,6 +84,11 @@ class DashboardSettings(BaseSettings):
     )
     max_body_bytes: int = Field(1_048_576, ge=1024, description="Largest request body accepted (bigger: 413).")
     page_size: int = Field(200, ge=10, le=1000, description="Chats shown in the queue at once.")
+    reply_library: str | None = Field(
+        None,
+        description="File the dashboard writes the team's reply library to (at start and after every change), "
+        "for the pipeline's --reply-library; unset: not written.",
+    )
 
     def insights_subscription_path(self) -> str:
         return subscription_path(self.project, self.insights_subscription)

@@ -74,6 +74,8 @@ class Settings(BaseSettings):
     project: str = Field(DEFAULT_PROJECT, description="Google Cloud project id (min 6 characters).")
     model: str = Field("gemma3-270m", description="Model: 'gemma3-270m', a keras-hub preset dir or handle.")
     cache: Path = Field(Path.home() / ".cache" / "chatlens", description="Where converted models are cached.")
+    reply_library: str | None = Field(None, description="The team's reply macros: the file the dashboard writes "
+                                      "and the pipeline reads (unset: the pipeline uses the library ChatLens ships).")
 
 
 @lru_cache

@@ -32,6 +32,9 @@ MAX_WINDOW_TEXT_BYTES = 64 * 1024
 MAX_SUMMARY_CHARS = 512
 MAX_REPLY_CHARS = 2_000
 MAX_ERROR_CHARS = 2_000
+MAX_MACRO_BODY_CHARS = 1_000  # a reply macro's text: a draft's next step, well within MAX_REPLY_CHARS
+MAX_LIBRARY_MACROS = 2_000
+REFERENCE_PLACEHOLDER = "{reference}"  # in a macro's body: the order, parcel or booking code the customer gave
 MAX_PAYLOAD_BYTES = 10 * 1024 * 1024  # Pub/Sub's own message size limit.
 CLOSED_ATTRIBUTE = "closed"
 """Pub/Sub attribute of a ChatMessage: `closed=true` on the last message of a chat ends it."""
@@ -212,11 +215,35 @@ class DeadLetter(_Contract):
         )
 
 
+class ReplyMacro(_Contract):
+    """One entry of the team's reply library: a reply an agent may send, in one language.
+
+    Supervisors keep the library in the dashboard; the pipeline drafts a negative chat's reply
+    by picking one (pipeline/model/decoding/macros.py): a reply written by the team cannot invent
+    a refund or claim an action nobody took. `keywords` say when it fits, in its language;
+    `{reference}` in the body stands for the order, booking or ticket code the customer gave, and
+    a macro using it is picked only for chats that have one.
+    """
+
+    title: Annotated[str, StringConstraints(min_length=1, max_length=120)]
+    language: LanguageTag
+    keywords: Annotated[str, StringConstraints(max_length=1_000)] = ""
+    body: Annotated[str, StringConstraints(min_length=1, max_length=MAX_MACRO_BODY_CHARS)]
+
+
+class ReplyLibrary(_Contract):
+    """The team's reply macros, all languages: what the dashboard writes and the pipeline reads."""
+
+    schema_version: Literal[1] = SCHEMA_VERSION
+    macros: Annotated[list[ReplyMacro], Field(max_length=MAX_LIBRARY_MACROS)]
+
+
 CONTRACTS: dict[str, type[_Contract]] = {
     "chat_message": ChatMessage,
     "chat_window": ChatWindow,
     "chat_insight": ChatInsight,
     "dead_letter": DeadLetter,
+    "reply_library": ReplyLibrary,
 }
 
 

@@ -157,7 +157,9 @@ def run(args: argparse.Namespace) -> int:
     args.state.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "PUBSUB_EMULATOR_HOST": host, "CHATLENS_PROJECT": args.project, "PYTHONUNBUFFERED": "1",
            "CHATLENS_DATABASE_URL": f"sqlite:///{(args.state / 'dashboard.db').resolve()}",
-           "CHATLENS_PORT": str(args.dashboard_port)}
+           "CHATLENS_PORT": str(args.dashboard_port),
+           # the macros supervisors edit in the dashboard, written there and read by the pipelines
+           "CHATLENS_REPLY_LIBRARY": str((args.state / "reply-library.json").resolve())}
     processes = ProcessGroup(env)
     watchdog = None
     signal.signal(signal.SIGTERM, _interrupt)

@@ -23,7 +23,8 @@ from pipeline.model.backends.base import SHARED_OPTIONS, ModelOptions
 from pipeline.options import PipelineConfig, add_option_rows
 
 MODEL_ROWS = tuple(row for row in SHARED_OPTIONS
-                   if row.dest in ("model", "adapter", "model_cache", "prompt_variant", "max_batch_size", "reply_for"))
+                   if row.dest in ("model", "adapter", "model_cache", "prompt_variant", "max_batch_size", "reply_for",
+                                 "reply_library"))
 """The pipeline's model options that `chatlens analyze` takes (its batches form within a file, in
 one process: no batch deadline, no model copies)."""
 
@@ -54,7 +55,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     out, dead_out = output_paths(args.input, args.output)
     model = ModelOptions.from_values(args, model=args.model or settings.model,
-                                     model_cache=args.model_cache or str(settings.cache), max_batch_duration_secs=0)
+                                     model_cache=args.model_cache or str(settings.cache), max_batch_duration_secs=0,
+                                     reply_library=args.reply_library or settings.reply_library)
     config = PipelineConfig(project=settings.project, mode="windows", model_sharing="process",
                             **{f.name: getattr(model, f.name) for f in dataclasses.fields(model)})
     started = time.monotonic()

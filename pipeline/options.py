@@ -271,6 +271,8 @@ class PipelineConfig:
         values["project"] = args.project or settings.project
         values["model"] = args.model or settings.model
         values.setdefault("model_cache", str(settings.cache))
+        if settings.reply_library:
+            values.setdefault("reply_library", settings.reply_library)
         if not args.subscription:
             values["subscription"] = (
                 LAYOUT.messages_subscription if values.get("mode") == "messages" else LAYOUT.windows_subscription

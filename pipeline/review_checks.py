@@ -88,7 +88,7 @@ def _hedged(text: str, start: int) -> bool:
 # A refund or compensation the draft offers, per language.
 _COMPENSATION = re.compile(
     r"\b(?:refund\w*|reimburs\w*|money back|compensat\w*|voucher|goodwill|rembours\w*|dédommag\w*|bon d'achat|"
-    r"avoir|reembols\w*|devoluci[óo]n del importe|compensaci[óo]n|indemniz\w*|erstatt\w*|rückerstatt\w*|"
+    r"(?:un|d'un|votre|l'|cet) ?avoir\b|reembols\w*|devoluci[óo]n del importe|compensaci[óo]n|indemniz\w*|erstatt\w*|rückerstatt\w*|"
     r"gutschein|gutschrift|entschädig\w*|rimbors\w*|indennizz\w*|risarciment\w*|terugbetal\w*|"
     r"vergoeding|tegoedbon|compensatie|reembols\w*|estorno|indemniza\w*)", _FLAGS)
 # A deadline the draft commits to: the words that must then appear in the chat.

@@ -128,7 +128,7 @@ def run(args: argparse.Namespace) -> int:
     use_default_env()  # before keras is imported: the JAX backend
     from pipeline.model.decoding.one_pass import OnePassEngine
     from pipeline.model.loading.sources import load_causal_lm
-    from pipeline.model.training.adapters import adapter_prompt_format, load_adapter
+    from pipeline.model.training.adapters import AdapterServing, load_adapter
     from pipeline.model.training.format import LATEST_FORMAT
 
     try:
@@ -138,8 +138,8 @@ def run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     lm, source = load_causal_lm(args.model, cache_dir=args.model_cache or get_settings().cache)
     # The engine the pipeline will run, over the model being tuned: its format and its dev figures.
-    prompt_format = adapter_prompt_format(args.out) if args.recalibrate else LATEST_FORMAT
-    engine = OnePassEngine(lm, f"{source.model_id}+{name}", prompt_format=prompt_format)
+    prompt_format = AdapterServing.of(args.out).prompt_format if args.recalibrate else LATEST_FORMAT
+    engine = OnePassEngine(lm, f"{source.model_id}+{name}", serving=AdapterServing(prompt_format=prompt_format))
     dev = load_split("dev", args.data_dir)[: args.dev_limit]
     if args.recalibrate:
         manifest = read_manifest(args.out, "--recalibrate")

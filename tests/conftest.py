@@ -15,6 +15,9 @@ use_default_env()  # as every entry point does: before anything imports keras or
 pytest_plugins = ["tests.support.models"]
 
 
+_SERVER = pytest.StashKey()
+
+
 @pytest.fixture
 def pubsub_server(request):
     """A fresh in-process Pub/Sub emulator on a free port; yields its "host:port".
@@ -35,9 +38,18 @@ def pubsub_server(request):
         worst_case = WorstCase(seed=seed)
         print(f"\nPub/Sub worst-case delivery, seed {seed} (CHATLENS_TEST_PUBSUB_SEED={seed} replays it)")
     with EmulatorServer("localhost", 0, worst_case=worst_case) as server:
+        request.node.stash[_SERVER] = server
         yield server.address
         if worst_case is not None:
             print(f"\nPub/Sub worst-case delivery (seed {seed}): {server.worst_case_summary()}")
+
+
+@pytest.fixture
+def spontaneous_copies(request, pubsub_server):
+    """How many worst-case spontaneous copies `pubsub_server` has delivered so far, all
+    subscriptions together: the most duplicates an at-least-once subscriber may have seen."""
+    server = request.node.stash[_SERVER]
+    return lambda: server.broker.delivery_stats()["duplicates"]
 
 
 @pytest.fixture

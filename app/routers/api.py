@@ -11,7 +11,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query
 
-from app.crud import audit, chats, review
+from app.crud import audit, chats, macros, review
 from app.crud import errors as error_rows
 from app.crud.chats import QueueFilter, resolve_assignee
 from app.deps import (
@@ -40,6 +40,7 @@ from app.schemas import (
     RejectIn,
     SentimentIn,
 )
+from chatlens.contracts import ReplyLibrary
 
 router = APIRouter(prefix="/api", tags=["queue"], dependencies=[Depends(current_user)],
                    responses={401: {"description": "Not logged in"}}, route_class=StrictJSONRoute)
@@ -161,3 +162,11 @@ def errors(
 ) -> list[ErrorOut]:
     with ctx.db.read() as session:
         return [ErrorOut.of(row) for row in error_rows.list_errors(session, kind, limit, before_id)]
+
+
+@router.get("/reply-library", response_model=ReplyLibrary, tags=["supervisor"],
+            responses={403: {"description": "Supervisors only"}})
+def reply_library(ctx: Ctx, _supervisor: Supervisor) -> ReplyLibrary:
+    """The team's reply macros, all languages, in library order: what the pipeline reads (`--reply-library`)."""
+    with ctx.db.read() as session:
+        return macros.library(session)

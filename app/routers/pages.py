@@ -1,4 +1,5 @@
-"""The HTML pages: the queue with its review pane, and the supervisors' audit and errors views.
+"""The HTML pages: the queue with its review pane, and the supervisors' audit, errors and reply
+library views.
 
 Pages work without JavaScript (forms post and redirect); with htmx they swap only the
 queue list or the review pane. Review forms answer htmx with the refreshed pane, with
@@ -7,22 +8,23 @@ status 409 and the colleague's newer text when a save lost the race.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Annotated, Any
 from urllib.parse import urlencode
 
-from fastapi import APIRouter, Form, Request
+from fastapi import APIRouter, Form, Path, Query, Request
 from fastapi.responses import RedirectResponse, Response
 
 from app.context import AppContext
-from app.crud import audit, chats, review, users
+from app.crud import audit, chats, macros, review, users
 from app.crud import errors as error_rows
 from app.crud.chats import SENTIMENTS, STATUS_FILTERS, UNASSIGNED, QueueFilter, resolve_assignee
 from app.crud.sessions import Principal
-from app.deps import BeforeId, Ctx, Supervisor, User
+from app.deps import MAX_SQL_INT, BeforeId, Ctx, Supervisor, User
 from app.errors import Conflict, Invalid
-from app.schemas import AuditOut, ChatSummary, ErrorOut
+from app.schemas import AuditOut, ChatSummary, ErrorOut, MacroOut
 from app.web import is_htmx, render
-from chatlens.contracts import MAX_REPLY_CHARS
+from chatlens.contracts import MAX_MACRO_BODY_CHARS, MAX_REPLY_CHARS
 
 router = APIRouter(include_in_schema=False)
 FILTER_KEYS = ("status", "sentiment", "assignee", "tenant", "q")
@@ -207,3 +209,73 @@ def errors_page(request: Request, ctx: Ctx, user: Supervisor, kind: str | None =
         counts = error_rows.counts(session)
     return render(request, "errors.html", rows=rows, counts=counts, kind=kind or "",
                   older=_older("/errors", rows, {"kind": kind or ""}))
+
+
+# ---- the reply library (supervisors) -------------------------------------------------------
+MACRO_DONE = {"added": "Macro added.", "saved": "Macro saved.", "deleted": "Macro deleted."}
+MacroId = Annotated[int, Path(ge=1, le=MAX_SQL_INT)]
+MacroText = Annotated[str, Form(max_length=MAX_MACRO_BODY_CHARS * 4)]  # over the contract's limit: told so
+MacroLanguage = Annotated[str, Form(max_length=64)]
+Shown = Annotated[str, Form(max_length=64)]  # the language filter the form was posted from
+
+
+def _macros_url(language: str = "", done: str = "", anchor: str = "") -> str:
+    query = urlencode({key: value for key, value in (("language", language), ("done", done)) if value})
+    return "/macros" + (f"?{query}" if query else "") + (f"#{anchor}" if anchor else "")
+
+
+def _macros_page(request: Request, ctx: AppContext, language: str | None, status_code: int = 200,
+                 flash: str | None = None, error: str | None = None, typed: dict[str, Any] | None = None) -> Response:
+    """The library page; `typed` is a refused form's values (`id`: the macro's, or "new"), shown again."""
+    with ctx.db.read() as session:
+        present = macros.languages(session)
+        language = language if language in present else ""
+        rows = [MacroOut.of(m) for m in macros.list_macros(session, language or None)]
+    return render(request, "macros.html", status_code=status_code, flash=flash, error=error,
+                  macros=rows, languages=present, language=language, typed=typed or {"id": None},
+                  limits=macros.LIMITS, export_path=ctx.settings.reply_library)
+
+
+def _change_macro(request: Request, ctx: AppContext, shown: str, typed: dict[str, Any], done: str,
+                  change: Callable[[], Any]) -> Response:
+    """Run `change`; back to the page (at the macro) when done, the page again with the reason when refused."""
+    try:
+        macro = change()
+    except Invalid as error:
+        return _macros_page(request, ctx, shown, 422, error=str(error), typed=typed)
+    except macros.NotExported as error:  # stored, yet the pipeline does not have it: say so
+        return _macros_page(request, ctx, shown, 500, error=str(error))
+    if macro is None:
+        return RedirectResponse(_macros_url(shown, done), status_code=303)
+    return RedirectResponse(_macros_url(shown if shown == macro.language else "", done, f"macro-{macro.id}"),
+                            status_code=303)
+
+
+@router.get("/macros")
+def macros_page(request: Request, ctx: Ctx, user: Supervisor,
+                language: Annotated[str | None, Query(max_length=64)] = None,
+                done: Annotated[str | None, Query(max_length=16)] = None) -> Response:
+    return _macros_page(request, ctx, language, flash=MACRO_DONE.get(done or ""))
+
+
+@router.post("/macros")
+def add_macro(request: Request, ctx: Ctx, user: Supervisor, title: MacroText = "", language: MacroLanguage = "",
+              keywords: MacroText = "", body: MacroText = "", shown: Shown = "") -> Response:
+    typed = {"id": "new", "title": title, "language": language, "keywords": keywords, "body": body}
+    return _change_macro(request, ctx, shown, typed, "added", lambda: macros.create_macro(
+        ctx.db, user.username, title, language, keywords, body, export_to=ctx.settings.reply_library))
+
+
+@router.post("/macros/{macro_id}")
+def save_macro(request: Request, ctx: Ctx, user: Supervisor, macro_id: MacroId, title: MacroText = "",
+               language: MacroLanguage = "", keywords: MacroText = "", body: MacroText = "",
+               shown: Shown = "") -> Response:
+    typed = {"id": macro_id, "title": title, "language": language, "keywords": keywords, "body": body}
+    return _change_macro(request, ctx, shown, typed, "saved", lambda: macros.update_macro(
+        ctx.db, macro_id, user.username, title, language, keywords, body, export_to=ctx.settings.reply_library))
+
+
+@router.post("/macros/{macro_id}/delete")
+def delete_macro(request: Request, ctx: Ctx, user: Supervisor, macro_id: MacroId, shown: Shown = "") -> Response:
+    return _change_macro(request, ctx, shown, {"id": None}, "deleted", lambda: macros.delete_macro(
+        ctx.db, macro_id, user.username, export_to=ctx.settings.reply_library))

@@ -66,11 +66,16 @@ class WindowAnalysis:
 
     @property
     def sentiment(self) -> int:
-        return max(range(3), key=self.scores.__getitem__) - 1
+        return sentiment_of(self.scores)
 
     @property
     def confidence(self) -> float:
         return float(max(self.scores))
+
+
+def sentiment_of(scores: Sequence[float]) -> int:
+    """The label (-1, 0, 1) of P(negative), P(neutral), P(positive): the most probable, ties to the more negative."""
+    return max(range(3), key=scores.__getitem__) - 1
 
 
 def chat_of(example: Any) -> ChatWindow:

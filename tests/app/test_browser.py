@@ -63,6 +63,16 @@ def unsure_insight():
     ).model_copy(update={"summary_confidence": 0.31, "reply_confidence": 0.22})
 
 
+def library_insight():
+    """A chat whose draft is a macro of the team's reply library (pipeline/model/decoding/macros.py)."""
+    return make_insight(
+        "zz-macro", "w1", -1, [("customer", "Parcel PP-5561027 is four days late.")],
+        tenant="flyway", customer_id="cust-macro", flags=["reply_from_library"],
+        reply="I'm sorry PP-5561027 still hasn't reached you. I'm checking where it is now.",
+        start=datetime.now(timezone.utc) - timedelta(minutes=5),
+    )
+
+
 def login(page, base: str, username: str) -> None:
     page.goto(f"{base}/login")
     page.get_by_label("Username").fill(username)
@@ -80,7 +90,7 @@ def test_live_queue_review_and_audit_in_chromium(tmp_path, pubsub_server):
           make_insight("zz-xss", "w1", 1, [("customer", XSS_TEXT)], tenant="flyway", customer_id="cust-xss",
                        summary=f"Customer wrote {XSS_TEXT}", reply=f"Reply {XSS_TEXT}",
                        start=datetime.now(timezone.utc) - timedelta(minutes=3)),
-          unsure_insight())
+          unsure_insight(), library_insight())
     app = create_app(dashboard_settings(url, emulator=pubsub_server))
     ARTIFACTS.mkdir(exist_ok=True)
     dialogs: list[str] = []
@@ -111,6 +121,10 @@ def test_live_queue_review_and_audit_in_chromium(tmp_path, pubsub_server):
         expect(page.get_by_test_id("summary-confidence")).to_contain_text(
             "The model was unsure of this summary (31% confidence)")
         expect(page.locator("#draft")).to_have_value("")
+        # A draft from the team's reply library says where it comes from.
+        page.locator('a.chat-row[data-chat-id="zz-macro"]').click()
+        expect(page.get_by_test_id("draft-from-library")).to_have_text("Picked from the reply library by ChatLens")
+        expect(page.locator("#draft")).to_have_value(library_insight().reply_draft)
 
         # A new insight published to Pub/Sub appears without a reload.
         page.evaluate("window.__sameDocument = true")
@@ -172,3 +186,39 @@ def test_live_queue_review_and_audit_in_chromium(tmp_path, pubsub_server):
         browser.close()
 
     assert dialogs == [], f"chat text ran as script: {dialogs}"
+
+
+def test_a_supervisor_edits_a_reply_macro_in_chromium(tmp_path):
+    from playwright.sync_api import expect, sync_playwright
+
+    from chatlens.replies import read_library
+
+    url, _tokens = staffed_database("sqlite", tmp_path)
+    export = tmp_path / "reply-library.json"
+    app = create_app(dashboard_settings(url, reply_library=str(export)))
+    first = read_library().macros[0]  # the migration seeded the shipped library
+    body = "I'm sorry about {reference} <b>and</b> the wait. I'm checking it now & will write back within the hour."
+
+    with running_server(app) as base, sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        page = browser.new_context(viewport={"width": 1440, "height": 900}).new_page()
+        page.set_default_timeout(15_000)
+        login(page, base, "sam")
+        page.get_by_role("link", name="Reply library").click()
+        expect(page).to_have_url(f"{base}/macros")
+        macro = page.locator("li.macro").first
+        expect(macro.locator("h2")).to_have_text(first.title)
+
+        macro.get_by_text("Edit", exact=True).click()
+        macro.get_by_label("Text", exact=True).fill(body)
+        macro.get_by_role("button", name="Save").click()
+
+        expect(page.locator(".flash.ok")).to_have_text("Macro saved.")
+        saved = page.locator("li.macro").first
+        expect(saved.locator(".macro-body")).to_have_text(body)  # markup typed is text, shown as typed
+        expect(saved.locator(".macro-meta")).to_contain_text("Edited by sam")
+        assert saved.locator("b").count() == 0
+        browser.close()
+
+    library = read_library(export)
+    assert library.macros[0].body == body and library.macros[0].title == first.title

@@ -154,7 +154,8 @@ def test_subscriber_reconnects_after_the_pubsub_server_restarts(tmp_path):
 
 
 # ---- no poison message, no message too big, no message retried forever (issue 32) -----------------
-def test_poison_messages_become_error_rows_and_the_valid_ones_after_them_are_stored(tmp_path, emulator, publish):
+def test_poison_messages_become_error_rows_and_the_valid_ones_after_them_are_stored(tmp_path, emulator, publish,
+                                                                                 spontaneous_copies):
     """Eight deeply nested payloads used to raise RecursionError while their error row was stored,
     be nacked and come back every second: with 8 leased at a time, nothing else was ever stored."""
     nested_letter = DeadLetter.from_exception(b"[" * 100_000, "validate", ValueError("nested"))  # no chat_id: guessed
@@ -169,8 +170,12 @@ def test_poison_messages_become_error_rows_and_the_valid_ones_after_them_are_sto
         print(f"poison: 10 poison messages and 3 valid insights stored in {time.monotonic() - started:.1f} s")
         time.sleep(1.5)  # a nacked message would be back by now
         insights_status, letters_status = (s.status() for s in app.state.ctx.subscribers)
-        assert insights_status.outcomes == {"stored": 3, "duplicate": 0, "invalid": 8, "failed": 0}
-        assert letters_status.outcomes == {"stored": 1, "duplicate": 0, "invalid": 1, "failed": 0}
+        # A nacked message would count as failed; a duplicate can only be the server's own
+        # at-least-once copy (CI once saw one), never the same delivery retried.
+        duplicates = insights_status.outcomes["duplicate"] + letters_status.outcomes["duplicate"]
+        assert duplicates <= spontaneous_copies()
+        assert {**insights_status.outcomes, "duplicate": 0} == {"stored": 3, "duplicate": 0, "invalid": 8, "failed": 0}
+        assert {**letters_status.outcomes, "duplicate": 0} == {"stored": 1, "duplicate": 0, "invalid": 1, "failed": 0}
         assert client.get("/readyz").json()["status"] == "ready"
         with app.state.ctx.db.read() as session:
             reasons = list(session.scalars(
@@ -227,8 +232,10 @@ def test_a_message_that_keeps_failing_is_dead_lettered_after_bounded_attempts_an
             data, attributes = held.messages[0]
             assert data == stuck[0]
             assert attributes["CloudPubSubDeadLetterSourceDeliveryCount"] == str(LAYOUT.max_delivery_attempts)
+            # The service counted exactly its attempts (above); the subscriber may have seen more deliveries:
+            # at-least-once copies (the server's worst case sends spontaneous ones) are not attempts.
             failed = subscriber.status().outcomes["failed"]
-            assert failed == LAYOUT.max_delivery_attempts
+            assert failed >= LAYOUT.max_delivery_attempts
             time.sleep(2)
             assert subscriber.status().outcomes["failed"] == failed  # not delivered again
             print(f"bounded retries: {failed} failed deliveries, then held after {given_up:.1f} s")

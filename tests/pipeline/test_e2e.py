@@ -206,6 +206,26 @@ def test_message_stream_sessions_into_insights(pipelines, outputs):
     assert process.stop(signal.SIGINT) == 0
 
 
+def test_an_angry_first_message_fires_negative_before_the_chat_closes(pipelines, outputs):
+    """A streaming early firing is judged on the chat so far: one furious message, no close, is negative
+    at its first firing (the model learnt partial windows from corpus v3)."""
+    insights, dead = outputs
+    process = pipelines("--mode", "messages", "--session-gap-secs", "600", "--early-fire-count", "1",
+                        "--early-fire-secs", "3600", "--max-batch-duration-secs", "1", "--reply-for", "negative")
+    line = json.dumps({"schema_version": 1, "chat_id": "angry-1", "message_id": "angry-1-m1", "sender": "customer",
+                       "user_id": "cust-1", "sent_at": "2026-11-27T10:00:00Z",
+                       "text": "This is the THIRD time my parcel has gone missing. I have waited two weeks, nobody "
+                               "answers my emails and I am absolutely furious. I want my money back today."}).encode()
+    publish_all(topic_path(PROJECT, LAYOUT.messages_topic), [line])
+    assert wait_until(lambda: insights_of(insights), WAIT, while_alive=process), process.log_tail()
+    first = insights_of(insights)[0]
+    assert first.chat_id == "angry-1" and not first.closed and len(first.transcript) == 1
+    assert first.sentiment == -1, (first.sentiment, first.confidence, first.summary)
+    assert first.reply_draft or "draft_withheld" in first.flags  # a draft for an unhappy customer, or why not
+    assert not len(dead)
+    assert process.stop(signal.SIGINT) == 0
+
+
 def test_restart_with_messages_in_flight_loses_nothing(pipelines, outputs):
     insights, dead = outputs
     windows, malformed = e2e_windows()[:10], e2e_malformed()

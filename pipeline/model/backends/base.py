@@ -67,6 +67,9 @@ SHARED_OPTIONS: tuple[Option, ...] = (
            1, int, minimum=0),
     Option("--model-copies", "copies of the model per machine, e.g. one per GPU", 1, int, minimum=1),
     Option("--reply-for", "which chats get a reply draft", "negative", choices=REPLY_FOR),
+    Option("--reply-library", "the team's reply macros: the JSON file the dashboard writes (a local path or any "
+           "Beam filesystem), read again when it changes; a model served with macros drafts from it (default: "
+           "CHATLENS_REPLY_LIBRARY, else the library ChatLens ships)", metavar="FILE"),
 )
 """The model rows every backend reads (model, batching, reply policy)."""
 

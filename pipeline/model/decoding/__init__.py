@@ -4,5 +4,6 @@
 other model) on the shared pieces: `step.py` (the one-token step and the caches), `state.py`
 (the stateless-scope helper and the tokenizer), `buckets.py` (batch and length buckets,
 padding), `text.py` (clean-up of generated text), `grounding.py` (numbers only from the
-chat), `calibration.py` (a tuned model's label calibration). See pipeline/model/README.md.
+chat), `calibration.py` (a tuned model's label calibration); beside them `extractive.py`,
+summaries that only quote the chat. See pipeline/model/README.md.
 """

@@ -41,7 +41,9 @@ from pipeline.model.decoding.buckets import (
     prefill_groups,
 )
 from pipeline.model.decoding.calibration import LabelCalibration
-from pipeline.model.decoding.offer import DRAFT_WITHHELD, SUMMARY_UNSURE, OfferPolicy
+from pipeline.model.decoding.extractive import extractive_summary
+from pipeline.model.decoding.macros import macro_reply
+from pipeline.model.decoding.offer import DRAFT_WITHHELD, SUMMARY_UNSURE
 from pipeline.model.decoding.state import detokenize, model_state, stateless_scope, token_ids
 from pipeline.model.decoding.step import (
     decoding_cache,
@@ -55,6 +57,8 @@ from pipeline.model.decoding.step import (
     vocabulary_logits,
 )
 from pipeline.model.decoding.text import PAST_CUT_MARGIN, clean_completion, visible_characters
+from pipeline.model.loading.reply_library import ReplyLibraryFile
+from pipeline.model.training.adapters import AdapterServing
 from pipeline.model.training.format import (
     MAX_PROMPT_TOKENS,
     REPLY_CHARS,
@@ -63,7 +67,7 @@ from pipeline.model.training.format import (
     SUMMARY_TOKENS,
     Vocabulary,
 )
-from pipeline.model.types import WindowAnalysis, reply_policies
+from pipeline.model.types import WindowAnalysis, reply_policies, sentiment_of
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +77,9 @@ LOOP_COMPILER_OPTIONS = {"xla_cpu_copy_insertion_use_region_analysis": True}
 """XLA (CPU) otherwise copies every layer's cache twice a step: it cannot tell that the decoding
 loop's read of the cache is done before the in-place write of the new key and value. With region
 analysis it can (8 rows, ~700 positions: 105 -> 80 ms a step, the same tokens)."""
+
+NO_MACRO = "no_macro"  # the flag of a chat whose language has no macro that fits: no draft
+FROM_LIBRARY = "reply_from_library"  # the flag of a draft that is a library macro
 
 
 @dataclass(frozen=True)
@@ -360,40 +367,51 @@ class OnePassEngine:
     """
 
     def __init__(self, causal_lm, model_id: str, max_prompt_tokens: int = MAX_PROMPT_TOKENS,
-                 calibration: LabelCalibration = LabelCalibration(), offer_policy: OfferPolicy = OfferPolicy(),
-                 prompt_format: int = 1):
-        self.decoder = OnePassDecoder(causal_lm, max_prompt_tokens=max_prompt_tokens, calibration=calibration,
-                                      prompt_format=prompt_format)
-        self.prompt_version = f"tuned-one-pass-v{prompt_format}"
-        self.offer_policy = offer_policy
+                 serving: AdapterServing = AdapterServing(), reply_library: ReplyLibraryFile | None = None):
+        """`serving`: the adapter's calibration, offer policy, prompt format and styles (its manifest);
+        `reply_library`: the team's macros for the "macro" reply styles (default: the shipped ones)."""
+        self.decoder = OnePassDecoder(causal_lm, max_prompt_tokens=max_prompt_tokens, calibration=serving.calibration,
+                                      prompt_format=serving.prompt_format)
+        self.serving = serving
+        self.reply_library = reply_library or ReplyLibraryFile()
+        self.prompt_version = f"tuned-one-pass-v{serving.prompt_format}" + "".join(
+            f"+{style}" for style in (serving.summary_style, serving.reply_style) if style != "model")
         self.model_id = model_id
         self.batches = 0
         self.generated_tokens = 0
 
     def analyze(self, windows: Sequence[ChatWindow], reply_for: str | Sequence[str] = "none") -> list[WindowAnalysis]:
         """Sentiment, summary and (where `reply_for`, one policy or one per window, selects it) a
-        reply draft, from one pass each. A reply below the offer policy's confidence is withheld
-        (flag `draft_withheld`, its confidence kept) and a summary below it flagged (`summary_unsure`)."""
+        reply draft, from one pass each, served in the adapter's styles. A decoded reply below the
+        offer policy's confidence is withheld (flag `draft_withheld`, its confidence kept) and a
+        summary below it flagged (`summary_unsure`)."""
         outputs = self.decoder.run(windows, reply_policies(reply_for, len(windows)))
         self.batches += 1
         self.generated_tokens += sum(o.summary_tokens + o.reply_tokens for o in outputs)
+        serving, library = self.serving, self.reply_library.current()
         results = []
-        for out in outputs:
+        for window, out in zip(windows, outputs):
             flags = ("context_truncated",) if out.truncated else ()
             summary = out.summary
+            if serving.summary_style == "extractive":  # the decoded summary picks the quotes, never writes them
+                summary = extractive_summary(window, sentiment_of(out.probabilities), guide=out.summary or None)
             if not summary:
                 summary, flags = "(no summary: the model returned nothing)", flags + ("summary_empty",)
             if out.reply == "":
                 flags += ("reply_empty",)
-            reply = out.reply or None
-            if reply and not self.offer_policy.offers_reply(out.reply_confidence):
+            reply, reply_confidence = out.reply or None, out.reply_confidence
+            if out.reply is not None and serving.reply_style != "model":  # the decoded reply picks, never writes
+                reply = macro_reply(window, library, out.reply, own_opening=serving.reply_style == "macro+opening")
+                flags += (FROM_LIBRARY,) if reply else (NO_MACRO,)
+                reply_confidence = None  # the model's confidence was in its own words
+            elif reply and not serving.offer_policy.offers_reply(out.reply_confidence):
                 reply, flags = None, flags + (DRAFT_WITHHELD,)
-            if not self.offer_policy.trusts_summary(out.summary_confidence):
+            if not serving.offer_policy.trusts_summary(out.summary_confidence):
                 flags += (SUMMARY_UNSURE,)
             results.append(WindowAnalysis(scores=out.probabilities, summary=summary, model_id=self.model_id,
                                           prompt_version=self.prompt_version, flags=flags, reply_draft=reply,
                                           summary_confidence=out.summary_confidence,
-                                          reply_confidence=out.reply_confidence))
+                                          reply_confidence=reply_confidence))
         return results
 
     def classify(self, windows: Sequence[ChatWindow]) -> list[tuple[float, float, float]]:

@@ -40,11 +40,9 @@ from typing import Any, Literal
 from chatlens.config import get_settings
 from chatlens.quiet import native_noise_filtered
 from pipeline.model.decoding.calibration import LabelCalibration
-from pipeline.model.decoding.offer import OfferPolicy
 from pipeline.model.loading.deferred_weights import build_unfilled, settle
 from pipeline.model.loading.keras_import import has_tensorflow, import_keras_hub
-from pipeline.model.training.adapters import (ADAPTER_SUFFIX, SHIPPED_ADAPTER, adapter_calibration, adapter_name,
-                                              adapter_offer_policy, adapter_prompt_format,
+from pipeline.model.training.adapters import (ADAPTER_SUFFIX, SHIPPED_ADAPTER, AdapterServing, adapter_name,
                                               load_adapter)
 from pipeline.model.types import ModelSpecError
 
@@ -67,9 +65,7 @@ class ModelSource:
     instruction_tuned: bool  # chat-template prompts vs plain-continuation prompts
     converted: bool = False  # True when resolving this spec ran a conversion or an adapter merge
     tuned: bool = False  # tuned by ChatLens: answers in one pass (pipeline/model/training/format.py)
-    calibration: LabelCalibration = LabelCalibration()  # a tuned model's, from its manifest
-    offer_policy: OfferPolicy = OfferPolicy()  # when its drafts are offered, from its manifest
-    prompt_format: int = 1  # the one-pass format a tuned model learnt (training/format.py), from its manifest
+    serving: AdapterServing = AdapterServing()  # a tuned model's calibration, offer policy, format and styles, from its manifest
 
     def load(self, dtype: str = "float32", tensorflow: bool = True) -> Any:
         """The `keras_hub.models.CausalLM` (a `Gemma3CausalLM` for the bundled GGUF).
@@ -203,22 +199,23 @@ def _with_adapter(base: ModelSource, adapter: Path, cache_dir: Path) -> ModelSou
     name = adapter_name(adapter)
     if not adapter.is_file():
         raise ModelSpecError(f"adapter {str(adapter)!r}: no {ADAPTER_SUFFIX} file there")
-    calibration, offer_policy = adapter_calibration(adapter), adapter_offer_policy(adapter)
-    prompt_format = adapter_prompt_format(adapter)
+    serving = AdapterServing.of(adapter)
+    calibration, prompt_format = serving.calibration, serving.prompt_format
     digest = hashlib.sha256(adapter.read_bytes())
     if calibration != LabelCalibration():
         digest.update(json.dumps(calibration.to_json(), sort_keys=True).encode())
     if prompt_format != 1:  # the same weights read another prompt: another model
         digest.update(f"prompt_format={prompt_format}".encode())
+    for style in ("summary_style", "reply_style"):  # served otherwise: other outputs
+        if getattr(serving, style) != "model":
+            digest.update(f"{style}={getattr(serving, style)}".encode())
     digest = digest.hexdigest()
     model_id = f"{base.model_id}+{name}@{digest[:8]}"
     marker = {
         "model_id": model_id,
         "instruction_tuned": base.instruction_tuned,
         "tuned": True,
-        "label_calibration": calibration.to_json(),
-        "offer_policy": offer_policy.to_json(),  # read back by a baked preset directory (`_preset_dir`)
-        "prompt_format": prompt_format,
+        **serving.to_json(),  # read back by a baked preset directory (`_preset_dir`)
         "source_sha256": hashlib.sha256(f"{base.model_id}|{digest}".encode()).hexdigest(),
         "converter_version": "lora-merge-1",
     }
@@ -231,8 +228,7 @@ def _with_adapter(base: ModelSource, adapter: Path, cache_dir: Path) -> ModelSou
 
     return ModelSource(spec=f"{base.spec}+{adapter}", kind="preset_dir", preset=str(preset_dir), model_id=model_id,
                        instruction_tuned=base.instruction_tuned, converted=_ensure_preset(preset_dir, marker, merge),
-                       tuned=True, calibration=calibration, offer_policy=offer_policy,
-                       prompt_format=prompt_format)
+                       tuned=True, serving=serving)
 
 
 def _ensure_preset(preset_dir: Path, marker: dict[str, Any], build: Callable[[Path], None]) -> bool:
@@ -302,9 +298,7 @@ def _preset_dir(spec: str, path: Path) -> ModelSource:
         model_id=str(marker.get("model_id", name)),
         instruction_tuned=bool(marker.get("instruction_tuned", _INSTRUCT.search(name))),
         tuned=bool(marker.get("tuned", False)),
-        calibration=LabelCalibration.from_json(marker.get("label_calibration")),
-        offer_policy=OfferPolicy.from_json(marker.get("offer_policy")),
-        prompt_format=int(marker.get("prompt_format", 1)),
+        serving=AdapterServing.from_json(marker),
     )
 
 

@@ -8,6 +8,7 @@ a preset) reads this module, never the trainer.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline import compat
@@ -39,19 +40,49 @@ def _manifest(adapter: str | Path) -> dict:
         return {}
 
 
-def adapter_calibration(adapter: str | Path) -> LabelCalibration:
-    """The label calibration in the adapter's manifest; none (identity) without one."""
-    return LabelCalibration.from_json(_manifest(adapter).get("label_calibration"))
+SUMMARY_STYLES = ("model", "extractive")
+"""How a tuned model's summary is served: "model", the decoded summary itself; "extractive", the
+chat's own sentences that the decoded summary names, quoted with the agent's last word and a status
+(decoding/extractive.py). The blind review of dev chose extractive (README, "The retrained model")."""
+REPLY_STYLES = ("model", "macro", "macro+opening")
+"""How its reply is served: "model", the decoded reply itself; "macro", the team's macro that the
+decoded reply and the customer's words pick (decoding/macros.py); "macro+opening", that macro opened
+by the decoded reply's first sentence where it only restates the problem. Chosen by the review of dev."""
 
 
-def adapter_offer_policy(adapter: str | Path) -> OfferPolicy:
-    """When the adapter's drafts are offered (its manifest's `offer_policy`); always without one."""
-    return OfferPolicy.from_json(_manifest(adapter).get("offer_policy"))
+@dataclass(frozen=True)
+class AdapterServing:
+    """How an adapter is served, from its manifest (read once): the label calibration, when drafts
+    are offered, the prompt format it learnt (`training/format.py`) and how its summaries and
+    replies are served (SUMMARY_STYLES and REPLY_STYLES, above). Without a
+    manifest: identity calibration, drafts always offered, format 1, the decoded texts themselves."""
 
+    calibration: LabelCalibration = LabelCalibration()
+    offer_policy: OfferPolicy = OfferPolicy()
+    prompt_format: int = 1
+    summary_style: str = "model"
+    reply_style: str = "model"
 
-def adapter_prompt_format(adapter: str | Path) -> int:
-    """The prompt format the adapter learnt (`training/format.py`): its manifest's, 1 without one."""
-    return int(_manifest(adapter).get("prompt_format", 1))
+    def __post_init__(self) -> None:
+        for name, styles in (("summary_style", SUMMARY_STYLES), ("reply_style", REPLY_STYLES)):
+            if getattr(self, name) not in styles:
+                raise ValueError(f"{name} {getattr(self, name)!r}: one of {styles}")
+
+    @classmethod
+    def of(cls, adapter: str | Path) -> AdapterServing:
+        return cls.from_json(_manifest(adapter))
+
+    @classmethod
+    def from_json(cls, data: dict) -> AdapterServing:
+        """From a manifest, or the marker of a preset the adapter was merged into (`to_json`)."""
+        return cls(LabelCalibration.from_json(data.get("label_calibration")),
+                   OfferPolicy.from_json(data.get("offer_policy")), int(data.get("prompt_format", 1)),
+                   str(data.get("summary_style", "model")), str(data.get("reply_style", "model")))
+
+    def to_json(self) -> dict:
+        return {"label_calibration": self.calibration.to_json(), "offer_policy": self.offer_policy.to_json(),
+                "prompt_format": self.prompt_format, "summary_style": self.summary_style,
+                "reply_style": self.reply_style}
 
 
 def load_adapter(backbone, adapter: str) -> None:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import time
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -9,6 +12,7 @@ import pytest
 
 from tests.support.models import tiny_gemma_lm
 from pipeline.corpus import DATA_DIR, load_examples
+from pipeline.model.training.adapters import AdapterServing
 from pipeline.model.training.format import REPLY_CHARS, training_sequence
 from pipeline.model.decoding.one_pass import OnePassDecoder
 from pipeline.model.training.trainer import LoraTrainer, length_batches, pack
@@ -230,7 +234,8 @@ def test_a_reply_below_the_offer_policy_is_withheld_with_its_confidence_and_an_u
     # thresholds between the outputs' confidences: the ones below lose their draft, keep their confidence
     reply_cut = float(np.median([a.reply_confidence for a in drafted]))
     summary_cut = float(np.median([a.summary_confidence for a in offered]))
-    strict = OnePassEngine(tiny_lm, "tiny", offer_policy=OfferPolicy(reply_cut, summary_cut)).analyze(windows, "all")
+    strict_policy = AdapterServing(offer_policy=OfferPolicy(reply_cut, summary_cut))
+    strict = OnePassEngine(tiny_lm, "tiny", serving=strict_policy).analyze(windows, "all")
     for before, after in zip(offered, strict):
         assert (after.summary, after.reply_confidence, after.summary_confidence) == (
             before.summary, before.reply_confidence, before.summary_confidence)
@@ -239,6 +244,59 @@ def test_a_reply_below_the_offer_policy_is_withheld_with_its_confidence_and_an_u
         assert (DRAFT_WITHHELD in after.flags) == (not sure)
         assert (SUMMARY_UNSURE in after.flags) == (before.summary_confidence < summary_cut)
     assert any(DRAFT_WITHHELD in a.flags for a in strict) and any(a.reply_draft for a in strict)
+
+
+def test_extractive_summaries_quote_the_chat_where_the_decoded_summary_points_and_change_nothing_else(tiny_lm, chats):
+    from pipeline.model.decoding.extractive import extractive_summary
+    from pipeline.model.decoding.one_pass import OnePassEngine
+    from pipeline.normalise import normalise
+
+    windows = [c.window for c in chats[:3]]
+    decoded = OnePassEngine(tiny_lm, "tiny", serving=AdapterServing(prompt_format=2)).analyze(windows, "all")
+    quoting = AdapterServing(prompt_format=2, summary_style="extractive")
+    quoted = OnePassEngine(tiny_lm, "tiny", serving=quoting).analyze(windows, "all")
+    assert quoted[0].prompt_version == "tuned-one-pass-v2+extractive" != decoded[0].prompt_version
+    for window, free, extract in zip(windows, decoded, quoted):
+        assert (extract.scores, extract.reply_draft, extract.summary_confidence) == (
+            free.scores, free.reply_draft, free.summary_confidence)
+        assert extract.summary == extractive_summary(window, extract.sentiment, guide=free.summary)
+        chat = " ".join(" ".join(normalise(m.text).split()) for m in window.messages)
+        for quote in extract.summary.split("“")[1:]:
+            for piece in quote.split("”")[0].split(" … "):
+                assert piece.strip(" …") in chat
+    with pytest.raises(ValueError, match="summary_style"):
+        AdapterServing(summary_style="abstractive")
+
+
+def test_macro_replies_are_the_libraries_own_words_picked_per_chat_and_follow_an_edit(tiny_lm, chats, tmp_path):
+    """A "macro" adapter serves the team's macro that its decoded reply picks: the label, the summary
+    and which chats get a draft stay the decoded ones; a chat in a language without macros gets no
+    draft (flagged); an edit of the library file reaches the next batch."""
+    from chatlens.replies import read_library, write_library
+    from pipeline.model.decoding.macros import macro_reply
+    from pipeline.model.decoding.one_pass import FROM_LIBRARY, NO_MACRO, OnePassEngine
+    from pipeline.model.loading.reply_library import ReplyLibraryFile
+
+    windows = [c.window.model_copy(update={"language": "en"}) for c in chats[:3]]
+    windows.append(windows[0].model_copy(update={"language": "fi"}))  # no Finnish macros
+    library_path = tmp_path / "library.json"
+    library = read_library()
+    write_library(library, library_path)
+    library_file = ReplyLibraryFile(str(library_path), interval_secs=0)
+    decoded = OnePassEngine(tiny_lm, "tiny").analyze(windows, "all")
+    engine = OnePassEngine(tiny_lm, "tiny", serving=AdapterServing(reply_style="macro"), reply_library=library_file)
+    picked = engine.analyze(windows, "all")
+    assert picked[0].prompt_version == "tuned-one-pass-v1+macro"
+    for window, free, macro in zip(windows[:3], decoded, picked):
+        assert (macro.scores, macro.summary) == (free.scores, free.summary)
+        assert macro.reply_draft == macro_reply(window, library, free.reply_draft) is not None
+        assert FROM_LIBRARY in macro.flags and macro.reply_confidence is None
+    assert picked[3].reply_draft is None and NO_MACRO in picked[3].flags
+    edited = library.model_copy(update={"macros": [m.model_copy(update={"body": f"Edited {i}."})
+                                                   for i, m in enumerate(library.macros)]})
+    write_library(edited, library_path)
+    os.utime(library_path, (time.time() + 10, time.time() + 10))  # a later modification time, whatever the clock
+    assert all(a.reply_draft.startswith("Edited ") for a in engine.analyze(windows[:3], "all"))
 
 
 def test_the_calibration_moves_the_label_and_the_reply_decision_and_only_rescales_confidence(tiny_lm, chats):
@@ -318,13 +376,22 @@ def test_an_adapter_is_merged_once_into_a_cached_preset_that_gives_the_tuned_log
     # The label calibration in the adapter's manifest travels with it, and is part of its version.
     manifest_path(adapter).write_text(json.dumps({"label_calibration": {"bias": [1.5, 0, -0.5], "temperature": 2.0}}))
     calibrated = resolve_model(str(base_dir), tmp_path / "cache", adapter=adapter)
-    assert calibrated.calibration == LabelCalibration((1.5, 0.0, -0.5), 2.0) and calibrated.model_id != source.model_id
-    assert resolve_model(calibrated.preset, tmp_path / "cache").calibration == calibrated.calibration  # a baked preset
-    assert calibrated.prompt_format == 1  # a manifest without one: the format adapters learnt before formats had numbers
+    assert calibrated.serving.calibration == LabelCalibration((1.5, 0.0, -0.5), 2.0) and calibrated.model_id != source.model_id
+    assert resolve_model(calibrated.preset, tmp_path / "cache").serving.calibration == calibrated.serving.calibration  # a baked preset
+    assert calibrated.serving.prompt_format == 1  # a manifest without one: the format adapters learnt before formats had numbers
     manifest_path(adapter).write_text(json.dumps({"prompt_format": 2}))
     reformatted = resolve_model(str(base_dir), tmp_path / "cache", adapter=adapter)
-    assert reformatted.prompt_format == 2 and reformatted.model_id not in (source.model_id, calibrated.model_id)
-    assert resolve_model(reformatted.preset, tmp_path / "cache").prompt_format == 2  # the baked preset says so too
+    assert reformatted.serving.prompt_format == 2 and reformatted.model_id not in (source.model_id, calibrated.model_id)
+    assert resolve_model(reformatted.preset, tmp_path / "cache").serving.prompt_format == 2  # the baked preset says so too
+    manifest_path(adapter).write_text(json.dumps({"prompt_format": 2, "summary_style": "extractive"}))
+    quoting = resolve_model(str(base_dir), tmp_path / "cache", adapter=adapter)
+    assert quoting.serving.summary_style == "extractive" and quoting.model_id != reformatted.model_id
+    assert resolve_model(quoting.preset, tmp_path / "cache").serving.summary_style == "extractive"
+    manifest_path(adapter).write_text(json.dumps({"prompt_format": 2, "summary_style": "extractive",
+                                                  "reply_style": "macro"}))
+    picking = resolve_model(str(base_dir), tmp_path / "cache", adapter=adapter)
+    assert picking.serving.reply_style == "macro" and picking.model_id != quoting.model_id
+    assert resolve_model(picking.preset, tmp_path / "cache").serving == picking.serving
     with pytest.raises(ModelSpecError, match="lora.h5"):
         resolve_model(str(base_dir), tmp_path / "cache", adapter=tmp_path / "missing.lora.h5")
 

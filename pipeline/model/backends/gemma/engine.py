@@ -6,6 +6,7 @@ from __future__ import annotations
 from pipeline.model.backends.base import ModelOptions
 from pipeline.model.decoding.one_pass import OnePassEngine
 from pipeline.model.decoding.prompted import EngineConfig, PromptedEngine
+from pipeline.model.loading.reply_library import ReplyLibraryFile
 from pipeline.model.loading.sources import resolve_model
 from pipeline.model.types import Engine
 from pipeline.prompts import load_prompts
@@ -20,7 +21,7 @@ process imported keras-hub before."""
 
 def load_engine(options: ModelOptions, config: EngineConfig | None = None) -> Engine:
     """The engine for the run's model options: its spec (`model`: 'gemma3-270m', a preset
-    directory or handle), `adapter`, `model_cache` and `prompt_variant`.
+    directory or handle), `adapter`, `model_cache`, `prompt_variant` and `reply_library`.
 
     A model tuned by ChatLens answers in one pass (decoding/one_pass.py). Other models are
     prompted per output (decoding/prompted.py); the prompt variant follows the model's kind
@@ -32,8 +33,7 @@ def load_engine(options: ModelOptions, config: EngineConfig | None = None) -> En
     if source.tuned:
         causal_lm = source.load(SERVING_DTYPE, tensorflow=False)
         return OnePassEngine(causal_lm, source.model_id, max_prompt_tokens=config.max_prompt_tokens,
-                             calibration=source.calibration, offer_policy=source.offer_policy,
-                             prompt_format=source.prompt_format)
+                             serving=source.serving, reply_library=ReplyLibraryFile(options.reply_library))
     causal_lm = source.load(tensorflow=False)
     variant = options.prompt_variant or ("chat" if source.instruction_tuned else "completion")
     return PromptedEngine(causal_lm, source.model_id, load_prompts(variant), config)

@@ -1,0 +1,129 @@
+"""Reply drafts from the team's reply library: the model picks a macro, it never writes the reply.
+
+A 270M model's own drafts claim actions nobody took and promise refunds the chat never offered
+(the blind review, quality-rubric.md). A macro was written by the team: its promises are the
+team's to make. What the model adds is the choice: its own decoded draft (`guide`, in the
+customer's language) and the customer's messages name the problem, and the macro whose title
+and keywords share most of their words wins (`extractive.content_words`: word stems, numbers whole).
+`{reference}` in a macro stands for the first order, parcel, booking or ticket code the customer
+gave; a macro using it is only picked for a chat that has one, and is preferred on a tie.
+
+The macros are the chat's language's (`ChatWindow.language`, its primary subtag); a chat without
+one gets the language whose macros the customer's words meet most (else the library's first).
+Where nothing matches, the language's macro without keywords (the catch-all) is used; a language
+with no macros gets no draft.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import Counter
+
+from chatlens.contracts import REFERENCE_PLACEHOLDER as REFERENCE
+from chatlens.contracts import ChatWindow, ReplyLibrary, ReplyMacro
+from pipeline.model.decoding.extractive import content_words, sentences
+from pipeline.review_checks import reply_problems
+
+MAX_OPENING_CHARS = 240
+_CODE = re.compile(r"(?<![\w-])(?:[A-Za-z]{1,5}-?\d{3,}[A-Za-z0-9-]*|\d{5,})(?![\w-])")
+"""An order, parcel, booking or ticket code: letters then digits (`PP-5561027`, `AB12345`) or a
+number of five digits or more (`58213`); years, times, amounts and short counts are not."""
+
+
+def reference(window: ChatWindow) -> str | None:
+    """The first code in the customer's messages, as they wrote it."""
+    for message in window.messages:
+        if message.sender == "customer" and (found := _CODE.search(message.text)):
+            return found.group(0)
+    return None
+
+
+def _primary(tag: str) -> str:
+    """A language tag's primary subtag, as macros and chats are matched: "pt-BR" -> "pt"."""
+    return tag.split("-")[0].lower()
+
+
+def _customer_words(window: ChatWindow) -> set[str]:
+    return content_words(" ".join(m.text for m in window.messages if m.sender == "customer"))
+
+
+def _in_language(library: ReplyLibrary, language: str | None) -> list[ReplyMacro]:
+    return [m for m in library.macros if _primary(m.language) == language]
+
+
+def language_of(window: ChatWindow, library: ReplyLibrary) -> str | None:
+    """The chat's language as the library knows it: its own (primary subtag); for a chat without
+    one, the language whose macros share most words with the customer's, else the library's first
+    (the team's own). None only for an empty library."""
+    if window.language:
+        return _primary(window.language)
+    said = _customer_words(window)
+    shared: dict[str, int] = {}
+    for macro in library.macros:
+        language = _primary(macro.language)
+        shared[language] = shared.get(language, 0) + len(_macro_words(macro, body=True) & said)
+    return max(shared, key=shared.__getitem__, default=None)  # a tie: the first in library order
+
+
+def _macro_words(macro: ReplyMacro, body: bool = False) -> set[str]:
+    return content_words(f"{macro.title} {macro.keywords}" + (f" {macro.body}" if body else ""))
+
+
+def candidates(library: ReplyLibrary, language: str | None, code: str | None) -> list[ReplyMacro]:
+    """The macros a chat may get: its language's, those using `{reference}` only where it has one."""
+    return [m for m in _in_language(library, language) if code is not None or REFERENCE not in m.body]
+
+
+def pick(window: ChatWindow, library: ReplyLibrary, guide: str | None = None) -> ReplyMacro | None:
+    """The macro whose title and keywords best match the model's draft and the customer's messages:
+    each shared word weighs by how few of the candidates name it (a word every macro names tells
+    nothing), once per side; then one using the chat's reference; then the library's order. None:
+    the language has no macros, or none matches and it has no catch-all."""
+    code = reference(window)
+    found = candidates(library, language_of(window, library), code)
+    said = _customer_words(window)
+    drafted = content_words(guide or "")
+    named = [_macro_words(macro) for macro in found]
+    naming = Counter(word for words in named for word in words)
+
+    def score(index: int) -> tuple[float, bool, int]:
+        weight = sum(math.log(1 + len(found) / naming[word]) * ((word in said) + (word in drafted))
+                     for word in named[index])
+        return weight, REFERENCE in found[index].body, -index
+
+    best = max(range(len(found)), key=score, default=None)
+    if best is not None and score(best)[0] > 0:
+        return found[best]
+    return next((macro for macro in found if not macro.keywords.strip()), None)
+
+
+def opening(window: ChatWindow, library: ReplyLibrary, guide: str | None) -> str | None:
+    """The model draft's first sentence where it only restates the problem: each of its words the
+    customer's or the language's macros' own (no word of a fact the customer did not give), and no
+    draft check failing (no action claimed, nothing promised, no "the customer"). None otherwise."""
+    first = next(iter(sentences(guide or "")), None)
+    if first is None or len(first) > MAX_OPENING_CHARS:
+        return None
+    language = language_of(window, library)
+    allowed = _customer_words(window).union(
+        *(_macro_words(m, body=True) for m in _in_language(library, language)))
+    if content_words(first) - allowed or reply_problems(first, window):
+        return None
+    return first
+
+
+def macro_reply(window: ChatWindow, library: ReplyLibrary, guide: str | None = None,
+                own_opening: bool = False) -> str | None:
+    """The picked macro's text, `{reference}` filled in; None where no macro fits. With
+    `own_opening`, the macro's first sentence (its apology) gives way to the model's (`opening`)
+    where that only restates the problem."""
+    macro = pick(window, library, guide)
+    if macro is None:
+        return None
+    body = macro.body.replace(REFERENCE, reference(window) or "")
+    said = own_opening and opening(window, library, guide)
+    if said:
+        rest = sentences(body)[1:]
+        body = " ".join([said, *rest])
+    return body
