@@ -392,7 +392,7 @@ def test_tune_from_dashboard_learns_what_staff_taught_and_never_replaces_a_bette
 
     from app.main import create_app
     from cli.main import main
-    from pipeline.model.training.adapters import manifest_path
+    from pipeline.model.training.adapters import SHIPPED_ADAPTER, AdapterServing, manifest_path
 
     database_url, tokens = staffed_database("sqlite", tmp_path)
     store(database_url, make_insight("taught-label", sentiment=1, start=T0),
@@ -415,11 +415,16 @@ def test_tune_from_dashboard_learns_what_staff_taught_and_never_replaces_a_bette
     assert manifest["training_data"]["from_dashboard"] == 2 and manifest["training_data"]["chats"] == 1 + 2
     assert manifest["training_data"]["files"] == ["data/train.jsonl", "dashboard"]
     assert manifest["adapter_sha256"] == hashlib.sha256(adapter.read_bytes()).hexdigest()
+    # A new adapter is served as the shipped one is (the review's styles), not as decoded texts.
+    shipped = AdapterServing.of(SHIPPED_ADAPTER)
+    assert (manifest["summary_style"], manifest["reply_style"]) == (shipped.summary_style, shipped.reply_style)
+    assert shipped.reply_style != "model"
     # The data hash covers what staff taught: another correction is another training set.
     with TestClient(create_app(dashboard_settings(database_url))) as client:
         sign_in(client, tokens, "alice").post("/api/chats/untouched/sentiment", json={"corrected": "positive"})
     # The current adapter claims a better dev macro-F1 than this run can reach: it stays.
     manifest["dev"]["sentiment"]["macro_f1"] = 1.01
+    manifest["summary_style"], manifest["reply_style"] = "model", "macro+opening"
     manifest_path(adapter).write_text(json.dumps(manifest))
     before = adapter.read_bytes()
     capsys.readouterr()
@@ -433,6 +438,7 @@ def test_tune_from_dashboard_learns_what_staff_taught_and_never_replaces_a_bette
     assert replaced["training_data"]["from_dashboard"] == 3
     assert replaced["training_data"]["sha256"] != manifest["training_data"]["sha256"]
     assert set(replaced["label_calibration"]) == {"bias", "temperature", "fitted_on"}
+    assert (replaced["summary_style"], replaced["reply_style"]) == ("model", "macro+opening")  # the replaced one's
     # --recalibrate refits the calibration and the dev figures; the adapter and its history stay.
     weights = adapter.read_bytes()
     assert main(tune + ["--recalibrate", "--force"]) == 0
