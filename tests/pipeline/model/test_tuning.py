@@ -246,6 +246,32 @@ def test_a_reply_below_the_offer_policy_is_withheld_with_its_confidence_and_an_u
     assert any(DRAFT_WITHHELD in a.flags for a in strict) and any(a.reply_draft for a in strict)
 
 
+def test_a_policy_without_drafts_after_an_agent_decodes_none_there_and_changes_nothing_else(tiny_lm, chats):
+    from pipeline.model.decoding.offer import AGENT_ANSWERED, OfferPolicy
+    from pipeline.model.decoding.one_pass import OnePassEngine
+
+    answered = [c.window for c in chats if any(m.sender == "agent" for m in c.window.messages)][:2]
+    unanswered = [c.window for c in chats if all(m.sender != "agent" for m in c.window.messages)][:2]
+    windows = answered + unanswered
+    offering = OnePassEngine(tiny_lm, "tiny")
+    offered = offering.analyze(windows, "all")
+    policy = AdapterServing(offer_policy=OfferPolicy(after_agent=False))
+    engine = OnePassEngine(tiny_lm, "tiny", serving=policy)
+    held = engine.analyze(windows, "all")
+    for window, free, kept in zip(windows, offered, held):
+        assert (kept.scores, kept.summary, kept.summary_confidence) == (free.scores, free.summary, free.summary_confidence)
+        if window in answered:  # no draft decoded, and staff are told why
+            assert kept.reply_draft is None and kept.reply_confidence is None and AGENT_ANSWERED in kept.flags
+        else:
+            assert (kept.reply_draft, kept.reply_confidence, kept.flags) == (free.reply_draft, free.reply_confidence,
+                                                                            free.flags)
+    assert engine.generated_tokens < offering.generated_tokens  # the withheld drafts were never decoded
+    # a chat that would get no draft anyway ("none") is not flagged either
+    assert not any(AGENT_ANSWERED in kept.flags for kept in engine.analyze(windows, "none"))
+    assert OfferPolicy.from_json(policy.offer_policy.to_json()) == policy.offer_policy
+    assert OfferPolicy.from_json({"reply_min_confidence": 0.5}).after_agent  # older manifests: drafts everywhere
+
+
 def test_extractive_summaries_quote_the_chat_where_the_decoded_summary_points_and_change_nothing_else(tiny_lm, chats):
     from pipeline.model.decoding.extractive import extractive_summary
     from pipeline.model.decoding.one_pass import OnePassEngine
