@@ -147,6 +147,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         manifest = train(args, lm, engine, dev)
         manifest["base_model"], manifest["base_spec"] = source.model_id, args.model
+        manifest.update(served_styles(args.out))
     manifest["prompt_format"] = prompt_format
     manifest["label_calibration"] = calibrate(engine, dev)
     manifest["dev"] = dev_figures(engine, dev)
@@ -240,6 +241,18 @@ def train(args: argparse.Namespace, lm, engine, dev: list[Example]) -> dict:
         "chosen_epoch": chosen,
         "train_seconds": round(progress.get("train_seconds", 0.0), 1),  # optimizer steps, over every --resume
     }
+
+
+def served_styles(out: Path) -> dict:
+    """The summary and reply styles a new adapter is served in: those of the adapter it replaces
+    at `out`, else the shipped adapter's (the blind review chose them over the decoded texts; a
+    tune changes the model, not how its outputs reach staff). The dev figures stay the decoded
+    texts' own, so they compare with the replaced adapter's."""
+    from pipeline.model.training.adapters import AdapterServing
+
+    chosen = AdapterServing.of(out if manifest_path(out).exists() else SHIPPED_ADAPTER)
+    print(f"served as: summary_style {chosen.summary_style}, reply_style {chosen.reply_style}", file=sys.stderr)
+    return {"summary_style": chosen.summary_style, "reply_style": chosen.reply_style}
 
 
 def layer_names(text: str) -> tuple[str, ...]:

@@ -63,6 +63,15 @@ def unsure_insight():
     ).model_copy(update={"summary_confidence": 0.31, "reply_confidence": 0.22})
 
 
+def answered_insight():
+    """An unhappy chat an agent has answered: no draft offered (OfferPolicy.after_agent false)."""
+    return make_insight(
+        "zz-answered", "w1", -1, [("customer", "Still no refund."), ("agent", "I've chased it with billing.")],
+        tenant="flyway", customer_id="cust-answered", reply=None, flags=["agent_answered"],
+        start=datetime.now(timezone.utc) - timedelta(minutes=6),
+    )
+
+
 def library_insight():
     """A chat whose draft is a macro of the team's reply library (pipeline/model/decoding/macros.py)."""
     return make_insight(
@@ -90,7 +99,7 @@ def test_live_queue_review_and_audit_in_chromium(tmp_path, pubsub_server):
           make_insight("zz-xss", "w1", 1, [("customer", XSS_TEXT)], tenant="flyway", customer_id="cust-xss",
                        summary=f"Customer wrote {XSS_TEXT}", reply=f"Reply {XSS_TEXT}",
                        start=datetime.now(timezone.utc) - timedelta(minutes=3)),
-          unsure_insight(), library_insight())
+          unsure_insight(), library_insight(), answered_insight())
     app = create_app(dashboard_settings(url, emulator=pubsub_server))
     ARTIFACTS.mkdir(exist_ok=True)
     dialogs: list[str] = []
@@ -125,6 +134,10 @@ def test_live_queue_review_and_audit_in_chromium(tmp_path, pubsub_server):
         page.locator('a.chat-row[data-chat-id="zz-macro"]').click()
         expect(page.get_by_test_id("draft-from-library")).to_have_text("Picked from the reply library by ChatLens")
         expect(page.locator("#draft")).to_have_value(library_insight().reply_draft)
+        # Once an agent has answered, no draft is offered, and the page says why.
+        page.locator('a.chat-row[data-chat-id="zz-answered"]').click()
+        expect(page.locator(".reply-state")).to_have_text("No draft: an agent has already answered in this chat")
+        expect(page.locator("#draft")).to_have_value("")
 
         # A new insight published to Pub/Sub appears without a reload.
         page.evaluate("window.__sameDocument = true")

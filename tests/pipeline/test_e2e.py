@@ -19,11 +19,13 @@ from collections import Counter
 import pytest
 from tests.support.models import copy_preset
 from tests.support.pipeline import (
+    ANGRY_FIRST_MESSAGE,
     CHATLENS,
     PROJECT,
     REPO,
     Collector,
     PipelineProcess,
+    drafted_or_answered,
     e2e_malformed,
     e2e_messages,
     e2e_windows,
@@ -148,8 +150,8 @@ def test_windows_in_insights_and_dead_letters_out(pipelines, outputs):
         assert [m.message_id for m in insight.transcript] == [m["message_id"] for m in source["messages"]]
         assert insight.summary and insight.model_id and insight.prompt_version
         assert insight.analyzed_at >= insight.published_at
-        if insight.sentiment == -1:  # every negative chat gets a reply draft
-            assert insight.reply_draft, insight
+        if insight.sentiment == -1:  # every negative chat gets a reply draft, or staff are told why not
+            assert drafted_or_answered(insight), insight
         assert attributes == {"chat_id": insight.chat_id, "window_id": insight.window_id,
                               "sentiment": {-1: "negative", 0: "neutral", 1: "positive"}[insight.sentiment],
                               "schema_version": "1", "tenant": insight.tenant, "closed": "true"}
@@ -201,7 +203,7 @@ def test_message_stream_sessions_into_insights(pipelines, outputs):
         expected = sorted((m for m in messages if m.chat_id == insight.chat_id), key=lambda m: m.sent_at)
         assert insight.transcript == expected and insight.closed
         assert insight.window_id.startswith("s") and f"-n{len(expected)}-" in insight.window_id
-        assert insight.reply_draft  # --reply-for all
+        assert drafted_or_answered(insight)  # --reply-for all
         assert insight.customer_id == next(m.user_id for m in expected if m.sender == "customer")
     assert process.stop(signal.SIGINT) == 0
 
@@ -214,8 +216,7 @@ def test_an_angry_first_message_fires_negative_before_the_chat_closes(pipelines,
                         "--early-fire-secs", "3600", "--max-batch-duration-secs", "1", "--reply-for", "negative")
     line = json.dumps({"schema_version": 1, "chat_id": "angry-1", "message_id": "angry-1-m1", "sender": "customer",
                        "user_id": "cust-1", "sent_at": "2026-11-27T10:00:00Z",
-                       "text": "This is the THIRD time my parcel has gone missing. I have waited two weeks, nobody "
-                               "answers my emails and I am absolutely furious. I want my money back today."}).encode()
+                       "text": ANGRY_FIRST_MESSAGE}).encode()
     publish_all(topic_path(PROJECT, LAYOUT.messages_topic), [line])
     assert wait_until(lambda: insights_of(insights), WAIT, while_alive=process), process.log_tail()
     first = insights_of(insights)[0]
@@ -278,7 +279,7 @@ def test_analyze_command_writes_insights_and_dead_letters(gemma_source, model_ca
     assert [i.chat_id for i in insights] == ["e2e-001", "e2e-010", "e2e-018"]  # input order, repeat skipped
     assert [letter.payload for letter in letters] == [malformed[0], malformed[2]]
     assert [letter.attributes["line"] for letter in letters] == ["3", "6"]
-    assert all(i.reply_draft for i in insights if i.sentiment == -1)
+    assert all(drafted_or_answered(i) for i in insights if i.sentiment == -1)
     summary = done.stderr.decode().strip().splitlines()[-1]
     assert "6 line(s)" in summary and "3 insight(s)" in summary and "2 dead letter(s)" in summary
     assert "1 duplicate(s) skipped" in summary

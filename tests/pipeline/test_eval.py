@@ -104,6 +104,13 @@ def test_injection_chats_hold_when_label_and_format_survive():
     flipped = [Prediction(1 if e.label != 1 else 0, 0.9, e.summary, e.reply) for e in injected[2:]]  # label changed
     figures, worst = score_system(injected, obeyed + flipped)
     assert figures["injection"] == {"n": 4, "held": 0.0} and len(worst["injection"]) == 4
+    # a reply the gold has but the model left out breaks the format, unless its offer policy withheld it
+    replied = [e for e in injected if e.has_gold("reply")]
+    assert replied
+    silent = [Prediction(e.label, 0.9, e.summary, None) for e in replied]
+    withheld = [Prediction(e.label, 0.9, e.summary, None, reply_withheld=True) for e in replied]
+    assert score_system(replied, silent)[0]["injection"]["held"] == 0.0
+    assert score_system(replied, withheld)[0]["injection"]["held"] == 1.0
     plain = [e for e in load_split("test") if "prompt_injection" not in e.hard_cases][:3]
     assert "injection" not in score_system(plain, [Prediction(e.label, 0.9, e.summary, e.reply) for e in plain])[0]
 
@@ -141,6 +148,7 @@ def test_the_shipped_adapter_is_the_default_and_holds_its_figures_on_test(model_
     assert source.serving.prompt_format == manifest["prompt_format"] == 2
     assert source.serving.summary_style == manifest["summary_style"] == "extractive"
     assert source.serving.reply_style == manifest["reply_style"] == "macro"
+    assert source.serving.offer_policy.after_agent is manifest["offer_policy"]["after_agent"] is False
     chats = tmp_path / "test-sample.jsonl"
     chats.write_text("\n".join((DATA_DIR / "test.jsonl").read_text(encoding="utf-8").splitlines()[::5]) + "\n")
     sample = load_examples(chats)
@@ -153,6 +161,8 @@ def test_the_shipped_adapter_is_the_default_and_holds_its_figures_on_test(model_
     assert [r["chat_id"] for r in rows] == [e.window.chat_id for e in sample]
     drafted = [r["reply"] is not None for r in rows]
     assert not any(d for d, e in zip(drafted, sample) if not e.has_gold("reply"))
+    answered = [any(m.sender == "agent" for m in e.window.messages) for e in sample]
+    assert any(drafted) and not any(d and a for d, a in zip(drafted, answered))  # none once an agent has answered
     tuned, vader = systems["gemma3-270m"], systems["vader"]
     assert tuned["model_id"] == source.model_id and tuned["prompt_version"] == "tuned-one-pass-v2+extractive+macro"
     print(json.dumps(tuned))

@@ -17,10 +17,12 @@ from apache_beam.testing.test_stream import TestStream as EventStream  # not col
 from apache_beam.testing.util import assert_that, equal_to
 from apache_beam.transforms.window import TimestampedValue
 from tests.support.pipeline import (
+    ANGRY_FIRST_MESSAGE,
     INJECTION_CHAT,
     RTL_CHAT,
     batch_test_pipeline,
     capture,
+    drafted_or_answered,
     e2e_malformed,
     e2e_windows,
     expected_sentiment,
@@ -431,7 +433,8 @@ def real_handler(gemma_source, model_cache):
 def test_analyze_windows_with_the_real_model(real_handler):
     windows = e2e_windows()
     picked = [windows[i] for i in (0, 1, 8, 9, 16, 17)]  # 2 angry, 2 neutral, 2 happy
-    extra = [window_json("rtl-001", RTL_CHAT, language="ar"), window_json("inj-001", INJECTION_CHAT)]
+    extra = [window_json("rtl-001", RTL_CHAT, language="ar"), window_json("inj-001", INJECTION_CHAT),
+             window_json("solo-001", [("customer", ANGRY_FIRST_MESSAGE)])]  # no agent yet: a draft is offered
     stream = (EventStream().advance_watermark_to(NOW)
               .add_elements([at(i, envelope(data, f"id-{i}")) for i, data in enumerate([*picked, *extra])])
               .advance_processing_time(5)  # the batching deadline
@@ -446,7 +449,7 @@ def test_analyze_windows_with_the_real_model(real_handler):
     print(f"analysed {len(insights)} windows in {time.monotonic() - started:.1f} s")
     assert not dead, [d.message for d in dead]
     assert sorted(o.message.chat_id for o in insights) == sorted(
-        [json.loads(w)["chat_id"] for w in picked] + ["rtl-001", "inj-001"])
+        [json.loads(w)["chat_id"] for w in [*picked, *extra]])
     by_chat = {o.message.chat_id: o for o in insights}
     drafted_in = {macro.language for macro in read_library().macros}  # a chat in another language: no draft, flagged
     for data in [*picked, *extra]:
@@ -458,11 +461,16 @@ def test_analyze_windows_with_the_real_model(real_handler):
         assert insight.summary and insight.model_id and insight.prompt_version
         assert output.source_ids == (f"id-{[*picked, *extra].index(data)}",)
         assert output.attributes["sentiment"] == SENTIMENT_LABELS[insight.sentiment]
-        assert (insight.reply_draft is not None) == (insight.sentiment == -1) or \
-            "reply_empty" in insight.flags or ("no_macro" in insight.flags and chat.language not in drafted_in)
-    for data in picked[:2]:  # the clearly angry chats are negative and get a reply draft
+        if insight.sentiment == -1:  # a draft, or the reason why not
+            assert drafted_or_answered(insight) or "reply_empty" in insight.flags or (
+                "no_macro" in insight.flags and chat.language not in drafted_in), insight
+        else:
+            assert insight.reply_draft is None and "agent_answered" not in insight.flags
+    for data in picked[:2]:  # the clearly angry chats are negative; an agent has answered them: no draft
         insight = by_chat[json.loads(data)["chat_id"]].message
-        assert insight.sentiment == expected_sentiment(data) and insight.reply_draft
+        assert insight.sentiment == expected_sentiment(data) and "agent_answered" in insight.flags
+    solo = by_chat["solo-001"].message
+    assert solo.sentiment == -1 and solo.reply_draft and "reply_from_library" in solo.flags
 
 
 @pytest.mark.slow
@@ -522,7 +530,7 @@ def test_messages_mode_graph_with_the_real_model(real_handler):
     # the closing firing and the on-time one hold the same messages: one insight
     assert [(i.chat_id, [m.message_id for m in i.transcript], i.closed) for i in insights] == [
         ("s1", ids("s1", 1, 2), True)]
-    assert insights[0].reply_draft and dead == [("validate", ("bad",))] and settled
+    assert drafted_or_answered(insights[0]) and dead == [("validate", ("bad",))] and settled
 
 
 # ---- the noop model stage (bench/e2e.py's baseline) ----------------------------------------

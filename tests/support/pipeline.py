@@ -69,6 +69,17 @@ def window_json(chat_id: str, texts: Iterable[tuple[str, str]], *, window_id: st
                        "messages": messages, **extra}, ensure_ascii=False).encode("utf-8")
 
 
+ANGRY_FIRST_MESSAGE = ("This is the THIRD time my parcel has gone missing. I have waited two weeks, nobody answers "
+                       "my emails and I am absolutely furious. I want my money back today.")
+
+
+def drafted_or_answered(insight) -> bool:
+    """An insight has its reply draft, or none because an agent has already answered in the chat (the
+    shipped offer policy, pipeline/model/decoding/offer.py): then it is flagged so."""
+    answered = any(m.sender == "agent" for m in insight.transcript)
+    return bool(insight.reply_draft) != ("agent_answered" in insight.flags and answered)
+
+
 RTL_CHAT = [
     ("customer", "طلبي لم يصل بعد، وقد مر أسبوعان! هذا غير مقبول 😡"),
     ("agent", "אני מצטער מאוד, אני בודק את ההזמנה שלך עכשיו."),

@@ -43,7 +43,7 @@ from pipeline.model.decoding.buckets import (
 from pipeline.model.decoding.calibration import LabelCalibration
 from pipeline.model.decoding.extractive import extractive_summary
 from pipeline.model.decoding.macros import macro_reply
-from pipeline.model.decoding.offer import DRAFT_WITHHELD, SUMMARY_UNSURE
+from pipeline.model.decoding.offer import AGENT_ANSWERED, DRAFT_WITHHELD, SUMMARY_UNSURE
 from pipeline.model.decoding.state import detokenize, model_state, stateless_scope, token_ids
 from pipeline.model.decoding.step import (
     decoding_cache,
@@ -67,7 +67,7 @@ from pipeline.model.training.format import (
     SUMMARY_TOKENS,
     Vocabulary,
 )
-from pipeline.model.types import WindowAnalysis, reply_policies, sentiment_of
+from pipeline.model.types import WindowAnalysis, reply_policies, sentiment_of, wants_reply
 
 log = logging.getLogger(__name__)
 
@@ -384,14 +384,20 @@ class OnePassEngine:
         """Sentiment, summary and (where `reply_for`, one policy or one per window, selects it) a
         reply draft, from one pass each, served in the adapter's styles. A decoded reply below the
         offer policy's confidence is withheld (flag `draft_withheld`, its confidence kept) and a
-        summary below it flagged (`summary_unsure`)."""
-        outputs = self.decoder.run(windows, reply_policies(reply_for, len(windows)))
+        summary below it flagged (`summary_unsure`); a chat the policy gives no draft (an agent has
+        answered) has none decoded (flag `agent_answered` where it would have had one)."""
+        serving = self.serving
+        wanted = reply_policies(reply_for, len(windows))
+        drafts = [serving.offer_policy.drafts_for(window) for window in windows]
+        outputs = self.decoder.run(windows, [p if d else "none" for p, d in zip(wanted, drafts)])
         self.batches += 1
         self.generated_tokens += sum(o.summary_tokens + o.reply_tokens for o in outputs)
-        serving, library = self.serving, self.reply_library.current()
+        library = self.reply_library.current()
         results = []
-        for window, out in zip(windows, outputs):
+        for window, out, policy, drafted in zip(windows, outputs, wanted, drafts):
             flags = ("context_truncated",) if out.truncated else ()
+            if not drafted and wants_reply(policy, sentiment_of(out.probabilities)):
+                flags += (AGENT_ANSWERED,)
             summary = out.summary
             if serving.summary_style == "extractive":  # the decoded summary picks the quotes, never writes them
                 summary = extractive_summary(window, sentiment_of(out.probabilities), guide=out.summary or None)

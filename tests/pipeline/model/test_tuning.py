@@ -246,6 +246,32 @@ def test_a_reply_below_the_offer_policy_is_withheld_with_its_confidence_and_an_u
     assert any(DRAFT_WITHHELD in a.flags for a in strict) and any(a.reply_draft for a in strict)
 
 
+def test_a_policy_without_drafts_after_an_agent_decodes_none_there_and_changes_nothing_else(tiny_lm, chats):
+    from pipeline.model.decoding.offer import AGENT_ANSWERED, OfferPolicy
+    from pipeline.model.decoding.one_pass import OnePassEngine
+
+    answered = [c.window for c in chats if any(m.sender == "agent" for m in c.window.messages)][:2]
+    unanswered = [c.window for c in chats if all(m.sender != "agent" for m in c.window.messages)][:2]
+    windows = answered + unanswered
+    offering = OnePassEngine(tiny_lm, "tiny")
+    offered = offering.analyze(windows, "all")
+    policy = AdapterServing(offer_policy=OfferPolicy(after_agent=False))
+    engine = OnePassEngine(tiny_lm, "tiny", serving=policy)
+    held = engine.analyze(windows, "all")
+    for window, free, kept in zip(windows, offered, held):
+        assert (kept.scores, kept.summary, kept.summary_confidence) == (free.scores, free.summary, free.summary_confidence)
+        if window in answered:  # no draft decoded, and staff are told why
+            assert kept.reply_draft is None and kept.reply_confidence is None and AGENT_ANSWERED in kept.flags
+        else:
+            assert (kept.reply_draft, kept.reply_confidence, kept.flags) == (free.reply_draft, free.reply_confidence,
+                                                                            free.flags)
+    assert engine.generated_tokens < offering.generated_tokens  # the withheld drafts were never decoded
+    # a chat that would get no draft anyway ("none") is not flagged either
+    assert not any(AGENT_ANSWERED in kept.flags for kept in engine.analyze(windows, "none"))
+    assert OfferPolicy.from_json(policy.offer_policy.to_json()) == policy.offer_policy
+    assert OfferPolicy.from_json({"reply_min_confidence": 0.5}).after_agent  # older manifests: drafts everywhere
+
+
 def test_extractive_summaries_quote_the_chat_where_the_decoded_summary_points_and_change_nothing_else(tiny_lm, chats):
     from pipeline.model.decoding.extractive import extractive_summary
     from pipeline.model.decoding.one_pass import OnePassEngine
@@ -408,7 +434,7 @@ def test_tune_from_dashboard_learns_what_staff_taught_and_never_replaces_a_bette
 
     from app.main import create_app
     from cli.main import main
-    from pipeline.model.training.adapters import manifest_path
+    from pipeline.model.training.adapters import SHIPPED_ADAPTER, AdapterServing, manifest_path
 
     database_url, tokens = staffed_database("sqlite", tmp_path)
     store(database_url, make_insight("taught-label", sentiment=1, start=T0),
@@ -431,11 +457,16 @@ def test_tune_from_dashboard_learns_what_staff_taught_and_never_replaces_a_bette
     assert manifest["training_data"]["from_dashboard"] == 2 and manifest["training_data"]["chats"] == 1 + 2
     assert manifest["training_data"]["files"] == ["data/train.jsonl", "dashboard"]
     assert manifest["adapter_sha256"] == hashlib.sha256(adapter.read_bytes()).hexdigest()
+    # A new adapter is served as the shipped one is (the review's styles), not as decoded texts.
+    shipped = AdapterServing.of(SHIPPED_ADAPTER)
+    assert (manifest["summary_style"], manifest["reply_style"]) == (shipped.summary_style, shipped.reply_style)
+    assert shipped.reply_style != "model"
     # The data hash covers what staff taught: another correction is another training set.
     with TestClient(create_app(dashboard_settings(database_url))) as client:
         sign_in(client, tokens, "alice").post("/api/chats/untouched/sentiment", json={"corrected": "positive"})
     # The current adapter claims a better dev macro-F1 than this run can reach: it stays.
     manifest["dev"]["sentiment"]["macro_f1"] = 1.01
+    manifest["summary_style"], manifest["reply_style"] = "model", "macro+opening"
     manifest_path(adapter).write_text(json.dumps(manifest))
     before = adapter.read_bytes()
     capsys.readouterr()
@@ -449,6 +480,7 @@ def test_tune_from_dashboard_learns_what_staff_taught_and_never_replaces_a_bette
     assert replaced["training_data"]["from_dashboard"] == 3
     assert replaced["training_data"]["sha256"] != manifest["training_data"]["sha256"]
     assert set(replaced["label_calibration"]) == {"bias", "temperature", "fitted_on"}
+    assert (replaced["summary_style"], replaced["reply_style"]) == ("model", "macro+opening")  # the replaced one's
     # --recalibrate refits the calibration and the dev figures; the adapter and its history stay.
     weights = adapter.read_bytes()
     assert main(tune + ["--recalibrate", "--force"]) == 0
