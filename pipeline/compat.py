@@ -70,6 +70,15 @@ def lora_enabled_layers(backbone: Any) -> list[int]:
     return list(getattr(backbone, "_lora_enabled_layers", None) or [])
 
 
+def keras_hub_has_tensorflow() -> bool:
+    """keras-hub 0.32.0 `keras_hub.src.utils.tensor_utils.tf`: the TensorFlow keras-hub imported
+    on its own import (`try_import_tensorflow`, None where the import failed, as it does for a
+    module marked missing in `sys.modules`: `keras_import.import_keras_hub(tensorflow=False)`)."""
+    from keras_hub.src.utils import tensor_utils
+
+    return tensor_utils.tf is not None
+
+
 # ---- Apache Beam (2.77.0) ----------------------------------------------------------------------
 def read_source(read: Any) -> Any:
     """Beam 2.77.0 `ReadFromPubSub._source`: the `_PubSubSource` a ReadFromPubSub reads."""

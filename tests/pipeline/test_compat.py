@@ -51,6 +51,14 @@ def test_apply_rope():
     assert parameters[:3] == ["self", "x", "start_index"], upgraded("apply_rope", "keras-hub")
 
 
+def test_keras_hub_has_tensorflow():
+    from keras_hub.src.utils import tensor_utils
+
+    source = inspect.getsource(tensor_utils)
+    assert "tf = try_import_tensorflow()" in source and "except ImportError:" in source, \
+        upgraded("keras_hub_has_tensorflow", "keras-hub")
+
+
 @pytest.mark.parametrize("entry, name", [("lora_rank", "_lora_rank"), ("lora_enabled_layers", "_lora_enabled_layers")])
 def test_lora_attributes(entry, name):
     from keras_hub.models import Backbone

@@ -119,7 +119,7 @@ def gemma_tokenizer(cache_dir: Path) -> Any:
     return keras_hub.models.Gemma3Tokenizer(proto=tokenizer_proto(gguf_metadata(cache_dir)), has_vision_tokens=False)
 
 
-def tiny_gemma_lm(cache_dir: Path, seed: int = 0) -> Any:
+def tiny_gemma_lm(cache_dir: Path, seed: int = 0, dtype: str = "float32") -> Any:
     """A Gemma3CausalLM with random weights, 2 layers of width 32 and the real tokenizer.
 
     The same seed gives the same weights: what a test needs to reload an adapter onto them.
@@ -134,7 +134,7 @@ def tiny_gemma_lm(cache_dir: Path, seed: int = 0) -> Any:
         num_key_value_heads=1, hidden_dim=32, intermediate_dim=64, head_dim=16, query_head_dim_normalize=True,
         use_query_key_norm=True, use_post_ffw_norm=True, use_post_attention_norm=True,
         attention_logit_soft_cap=None, final_logit_soft_cap=None, use_sliding_window_attention=True,
-        sliding_window_size=512, dtype="float32")
+        sliding_window_size=512, dtype=dtype)
     preprocessor = keras_hub.models.Gemma3CausalLMPreprocessor(tokenizer=tokenizer, image_converter=None)
     return keras_hub.models.Gemma3CausalLM(backbone=backbone, preprocessor=preprocessor)
 

@@ -50,9 +50,11 @@ from pipeline.model.decoding.step import (
     empty_cache,
     forward_cached,
     forward_one,
+    project,
     shift_positions,
     step_weights,
     to_head_major,
+    vocabulary_logits,
 )
 from pipeline.model.decoding.text import PAST_CUT_MARGIN, clean_completion, visible_characters
 from pipeline.model.loading.reply_library import ReplyLibraryFile
@@ -128,7 +130,8 @@ class OnePassDecoder:
         self.compiles: list[str] = []
         self._lock = threading.Lock()
         self._prefill, self._decode_loop = self._build()
-        self._step_weights = jax.jit(lambda state: self._in_scope(state, step_weights, self.backbone, step_dtype))
+        self.step_dtype = step_dtype
+        self._step_layers = jax.jit(lambda state: self._in_scope(state, step_weights, self.backbone, step_dtype, False))
         self._prepared: tuple = ((), None)  # (the state they came from, its step weights)
 
     def _tokenize(self, text: str) -> list[int]:
@@ -153,12 +156,23 @@ class OnePassDecoder:
         arrays = [*state[0], *state[1]]
         before, weights = self._prepared
         if len(before) != len(arrays) or any(a is not b for a, b in zip(before, arrays)):
-            weights = self._step_weights(state)
+            weights = {**self._step_layers(state), "vocabulary": self._in_scope(state, self._vocabulary)}
             self._prepared = (arrays, weights)
         return weights
 
+    def _vocabulary(self):
+        """The step's vocabulary projection: the token embedding itself where it is in the step's
+        dtype already (a model served in it), not a copy (a jitted function's output always is)."""
+        return jnp.asarray(self.backbone.token_embedding.embeddings).astype(self.step_dtype)
+
     def _logits(self, hidden):
-        return self.backbone.token_embedding(hidden, reverse=True).astype("float32")
+        """The vocabulary's logits, float32. keras-hub's own projection in a float32 model; in a
+        lower-precision one (served in the step's dtype) accumulated in float32 as the step does,
+        not rounded to the model's dtype (bfloat16 logits would move the labels' probabilities)."""
+        embedding = self.backbone.token_embedding
+        if self.lm.compute_dtype == "float32":
+            return embedding(hidden, reverse=True).astype("float32")
+        return vocabulary_logits(embedding, project(hidden, jnp.asarray(embedding.embeddings)))
 
     def _build(self):
         """The two XLA programs: a prefill per group of similar prompt lengths, and the decoding

@@ -41,9 +41,10 @@ def to_head_major(cache):
     return tuple((jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2)) for k, v in cache)
 
 
-def step_weights(backbone, dtype="bfloat16"):
+def step_weights(backbone, dtype="bfloat16", vocabulary=True):
     """The one-token step's matrices from the backbone's kernels (LoRA included where enabled), each
-    (out, in) in `dtype`: query, key and value as one, the two gates as one, the vocabulary last."""
+    (out, in) in `dtype`: query, key and value as one, the two gates as one, the vocabulary last
+    (`vocabulary=False`: without it, for a caller that takes the embedding as it is)."""
     dim = backbone.hidden_dim
 
     def rows(kernel, axes):  # an EinsumDense kernel as (outputs, hidden_dim)
@@ -60,6 +61,8 @@ def step_weights(backbone, dtype="bfloat16"):
                                       jnp.asarray(layer.gating_ffw_2.kernel).T]).astype(dtype),
             "down": jnp.asarray(layer.ffw_linear.kernel).T.astype(dtype),
         })
+    if not vocabulary:
+        return {"layers": layers}
     return {"layers": layers, "vocabulary": jnp.asarray(backbone.token_embedding.embeddings).astype(dtype)}
 
 
@@ -187,7 +190,10 @@ def forward_one(backbone, weights, token_ids, cache, index, key_mask):
         x, layer_cache = decoder_block(layer, layer_weights, x, layer_cache, index, key_mask)
         caches.append(layer_cache)
     logits = project(backbone.layer_norm(x)[:, 0, :], weights["vocabulary"])
-    cap = backbone.token_embedding.logit_soft_cap
-    if cap is not None:
-        logits = jnp.tanh(logits / cap) * cap
-    return logits, tuple(caches)
+    return vocabulary_logits(backbone.token_embedding, logits), tuple(caches)
+
+
+def vocabulary_logits(embedding, logits):
+    """The token embedding's logit soft cap, where it has one, on logits projected without it."""
+    cap = embedding.logit_soft_cap
+    return logits if cap is None else jnp.tanh(logits / cap) * cap

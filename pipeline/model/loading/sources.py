@@ -41,7 +41,7 @@ from chatlens.config import get_settings
 from chatlens.quiet import native_noise_filtered
 from pipeline.model.decoding.calibration import LabelCalibration
 from pipeline.model.loading.deferred_weights import build_unfilled, settle
-from pipeline.model.loading.keras_import import import_keras_hub
+from pipeline.model.loading.keras_import import has_tensorflow, import_keras_hub
 from pipeline.model.training.adapters import (ADAPTER_SUFFIX, SHIPPED_ADAPTER, AdapterServing, adapter_name,
                                               load_adapter)
 from pipeline.model.types import ModelSpecError
@@ -67,22 +67,35 @@ class ModelSource:
     tuned: bool = False  # tuned by ChatLens: answers in one pass (pipeline/model/training/format.py)
     serving: AdapterServing = AdapterServing()  # a tuned model's calibration, offer policy, format and styles, from its manifest
 
-    def load(self, dtype: str = "float32") -> Any:
+    def load(self, dtype: str = "float32", tensorflow: bool = True) -> Any:
         """The `keras_hub.models.CausalLM` (a `Gemma3CausalLM` for the bundled GGUF).
 
         A local preset with one weights file (what ChatLens writes) is built without random
         initial weights and then filled (pipeline/model/loading/deferred_weights.py): half the load time.
+        `tensorflow=False` (serving, `import_keras_hub`): where keras-hub then runs without
+        TensorFlow, the model gets keras-hub's plain `CausalLMPreprocessor` around the preset's
+        tokenizer (the decoders read only the tokenizer; Gemma 3's own preprocessor refuses to
+        start without TensorFlow), so such a model cannot be saved as a preset.
         """
-        keras_hub = import_keras_hub()
+        keras_hub = import_keras_hub(tensorflow)
         weights = Path(self.preset) / "model.weights.h5"
         with native_noise_filtered():  # the tokenizer's sentencepiece notes
             if not weights.is_file():  # a Kaggle handle or a sharded preset: keras-hub's own way
-                return keras_hub.models.CausalLM.from_preset(self.preset, dtype=dtype)
-            backbone = build_unfilled(
-                lambda: keras_hub.models.Backbone.from_preset(self.preset, dtype=dtype, load_weights=False))
-            backbone.load_weights(weights)
-            settle(backbone)
-            return keras_hub.models.CausalLM.from_preset(self.preset, backbone=backbone, load_weights=False)
+                if has_tensorflow():
+                    return keras_hub.models.CausalLM.from_preset(self.preset, dtype=dtype)
+                backbone = keras_hub.models.Backbone.from_preset(self.preset, dtype=dtype)
+            else:
+                backbone = build_unfilled(
+                    lambda: keras_hub.models.Backbone.from_preset(self.preset, dtype=dtype, load_weights=False))
+                backbone.load_weights(weights)
+                settle(backbone)
+            if has_tensorflow():
+                return keras_hub.models.CausalLM.from_preset(self.preset, backbone=backbone, load_weights=False)
+            tokenizer = keras_hub.models.Tokenizer.from_preset(self.preset)
+            task = next(c for c in vars(keras_hub.models).values()
+                        if isinstance(c, type) and issubclass(c, keras_hub.models.CausalLM)
+                        and c.backbone_cls is type(backbone))
+            return task(backbone=backbone, preprocessor=keras_hub.models.CausalLMPreprocessor(tokenizer=tokenizer))
 
 
 def resolve_model(spec: str, cache_dir: str | Path | None = None, adapter: str | Path | None = None) -> ModelSource:
@@ -253,6 +266,10 @@ def _exclusive(lock_path: Path) -> Iterator[None]:
 def _build(preset_dir: Path, marker: dict[str, Any], build: Callable[[Path], None]) -> None:
     """Build into a temp dir beside `preset_dir`, then swap it in. Caller holds the lock."""
     import_keras_hub()
+    if not has_tensorflow():  # a preset saved without Gemma's own preprocessor would be another preset
+        raise RuntimeError(f"building {preset_dir} needs keras-hub with TensorFlow, and this process loaded a "
+                           "model without it first (serving does): build it in a process of its own first, "
+                           "e.g. one run of `chatlens analyze` on this model alone")
     for leftover in preset_dir.parent.glob(f"{preset_dir.name}.*.tmp"):
         shutil.rmtree(leftover, ignore_errors=True)  # from a conversion that was killed
     log.info("building %s (one-off)", preset_dir)

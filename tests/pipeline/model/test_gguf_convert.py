@@ -189,6 +189,20 @@ def test_keras_on_another_backend_is_refused(forget_env, why):
     assert f"needs the JAX keras backend but keras is using 'numpy' ({why})" in result.stderr
 
 
+def test_serving_loads_a_preset_without_tensorflow_and_tokenizes_the_same(tiny_lm, tmp_path):
+    """TensorFlow is ~600 MiB of RSS that serving never uses (keras-hub tokenizes with sentencepiece)."""
+    tiny_lm.save_to_preset(str(tmp_path / "tiny"))
+    text = "Hello <start_of_turn>model\nPP-5561027 ünïcode"
+    code = ("import sys\nfrom pipeline.model.loading.sources import ModelSource\n"
+            f"lm = ModelSource('tiny', 'preset_dir', {str(tmp_path / 'tiny')!r}, 'tiny', False).load('bfloat16', "
+            "tensorflow=False)\n"
+            "assert sys.modules['tensorflow'] is None and 'tensorflow_text' not in sys.modules\n"
+            f"print(lm.backbone.dtype_policy.name, *lm.preprocessor.tokenizer.tokenize({text!r}).tolist())\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["bfloat16", *map(str, tiny_lm.preprocessor.tokenizer.tokenize(text).tolist())]
+
+
 # --- the real model ---------------------------------------------------------------------
 
 

@@ -340,6 +340,22 @@ def test_the_calibration_moves_the_label_and_the_reply_decision_and_only_rescale
     assert all(o.probabilities[0] > 0.99 and o.reply is not None for o in outputs)  # the fed label is the biased one
 
 
+def test_a_model_served_in_bfloat16_keeps_float32_label_logits_close_to_its_float32_self(model_cache, chats):
+    """What the engine serves a tuned model in (`backends/gemma/engine.SERVING_DTYPE`): one copy of
+    the weights, in the step's dtype. Its label logits are accumulated in float32, not rounded
+    to bfloat16, so they move only by the weights' and activations' rounding."""
+    windows = [c.window for c in chats[:4]]
+    full_lm, half_lm = tiny_gemma_lm(model_cache), tiny_gemma_lm(model_cache, dtype="bfloat16")
+    half_lm.backbone.set_weights(full_lm.backbone.get_weights())  # the same weights, rounded
+    full = OnePassDecoder(full_lm, summary_tokens=3, reply_tokens=2)
+    half = OnePassDecoder(half_lm, summary_tokens=3, reply_tokens=2)
+    expected = np.array([o.label_logits for o in full.run(windows, label_only=True)])
+    outputs = half.run(windows, ["all"] * 4)
+    np.testing.assert_allclose([o.label_logits for o in outputs], expected, atol=0.05 * np.abs(expected).max())
+    assert all(o.summary for o in outputs)
+    assert half._weights(half._state())["vocabulary"] is half.backbone.token_embedding.embeddings.value
+
+
 def test_fitting_a_calibration_finds_the_missed_class_and_honest_confidence():
     from pipeline.model.decoding.calibration import LabelCalibration, fit, macro_f1
 
