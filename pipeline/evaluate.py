@@ -26,7 +26,7 @@ from chatlens.contracts import MAX_SUMMARY_CHARS, SENTIMENT_LABELS, ChatWindow
 from pipeline import review_checks, scoring
 from pipeline.review_checks import transcript_text
 from pipeline.corpus import MAX_GOLD_SUMMARY_CHARS, SPLITS, Example, load_examples, split_path
-from pipeline.model.decoding.offer import AGENT_ANSWERED, DRAFT_WITHHELD
+from pipeline.model.decoding.offer import WITHHELD
 from pipeline.model.training.adapters import adapter_name
 
 
@@ -64,8 +64,6 @@ def vader(examples: Sequence[Example], progress: Callable[[int], None]) -> list[
         progress(1)
     return predictions
 
-
-WITHHELD = frozenset({DRAFT_WITHHELD, AGENT_ANSWERED})  # flags of a draft the offer policy chose not to offer
 
 EVAL_BATCH_SIZE = 16
 """Chats per model call when scoring: in `work_order`, 16 ran 1.2x the chats/s of 8 and 32 no faster (48 dev

@@ -31,7 +31,7 @@ from pathlib import Path
 
 from pipeline.corpus import DATA_DIR, SECOND_REPLIES, Example, load_split, second_replies, split_path, with_second_replies
 from pipeline.model.training import DEFAULT_LORA_TARGETS
-from pipeline.model.training.adapters import SHIPPED_ADAPTER, adapter_name, manifest_path
+from pipeline.model.training.adapters import SHIPPED_ADAPTER, AdapterServing, adapter_name, manifest_path
 from pipeline.model.types import ModelSpecError
 
 log = logging.getLogger(__name__)
@@ -128,7 +128,7 @@ def run(args: argparse.Namespace) -> int:
     use_default_env()  # before keras is imported: the JAX backend
     from pipeline.model.decoding.one_pass import OnePassEngine
     from pipeline.model.loading.sources import load_causal_lm
-    from pipeline.model.training.adapters import AdapterServing, load_adapter
+    from pipeline.model.training.adapters import load_adapter
     from pipeline.model.training.format import LATEST_FORMAT
 
     try:
@@ -248,8 +248,6 @@ def served_styles(out: Path) -> dict:
     at `out`, else the shipped adapter's (the blind review chose them over the decoded texts; a
     tune changes the model, not how its outputs reach staff). The dev figures stay the decoded
     texts' own, so they compare with the replaced adapter's."""
-    from pipeline.model.training.adapters import AdapterServing
-
     chosen = AdapterServing.of(out if manifest_path(out).exists() else SHIPPED_ADAPTER)
     print(f"served as: summary_style {chosen.summary_style}, reply_style {chosen.reply_style}", file=sys.stderr)
     return {"summary_style": chosen.summary_style, "reply_style": chosen.reply_style}

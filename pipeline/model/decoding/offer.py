@@ -24,6 +24,7 @@ from chatlens.contracts import ChatWindow
 DRAFT_WITHHELD = "draft_withheld"  # the flag of a chat whose reply draft was below the policy's threshold
 SUMMARY_UNSURE = "summary_unsure"  # the flag of a summary below the policy's threshold
 AGENT_ANSWERED = "agent_answered"  # the flag of a chat given no draft because an agent has answered in it
+WITHHELD = frozenset({DRAFT_WITHHELD, AGENT_ANSWERED})  # the flags of a draft this policy chose not to offer
 
 
 @dataclass(frozen=True)

@@ -388,15 +388,15 @@ class OnePassEngine:
         answered) has none decoded (flag `agent_answered` where it would have had one)."""
         serving = self.serving
         wanted = reply_policies(reply_for, len(windows))
-        drafts = [serving.offer_policy.drafts_for(window) for window in windows]
-        outputs = self.decoder.run(windows, [p if d else "none" for p, d in zip(wanted, drafts)])
+        may_draft = [serving.offer_policy.drafts_for(window) for window in windows]
+        outputs = self.decoder.run(windows, [p if may else "none" for p, may in zip(wanted, may_draft)])
         self.batches += 1
         self.generated_tokens += sum(o.summary_tokens + o.reply_tokens for o in outputs)
         library = self.reply_library.current()
         results = []
-        for window, out, policy, drafted in zip(windows, outputs, wanted, drafts):
+        for window, out, policy, may in zip(windows, outputs, wanted, may_draft):
             flags = ("context_truncated",) if out.truncated else ()
-            if not drafted and wants_reply(policy, sentiment_of(out.probabilities)):
+            if not may and wants_reply(policy, sentiment_of(out.probabilities)):
                 flags += (AGENT_ANSWERED,)
             summary = out.summary
             if serving.summary_style == "extractive":  # the decoded summary picks the quotes, never writes them
