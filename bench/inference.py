@@ -1,22 +1,27 @@
-"""Benchmark: ChatLens's tuned one-pass model, its prompted engine and the public Beam Gemma pattern.
+"""Benchmark: ChatLens's tuned one-pass model against its prompted engine, the public Beam Gemma
+pattern and llama.cpp on the same GGUF.
 
-Same chats, same batch size, one run, three systems:
+Same chats, same batch size, one run, up to four systems:
 - `public`: the public pattern (Beam's Gemma notebooks) on the untuned model: `model.generate(prompt)`
   once per element with one prompt asking for JSON sentiment and summary, then a second
   prompt for the apology;
 - `prompted`: GemmaModelHandler on `gemma3-270m-base`, the engine untuned models get (sentiment by
   one scoring pass, summaries and replies by batched generation: three prefills per chat);
 - `tuned`: GemmaModelHandler on `gemma3-270m`, the default (one pass per chat: label, summary and
-  the reply where `--reply-for negative` selects it, on one attention cache).
+  the reply where `--reply-for negative` selects it, on one attention cache);
+- `llamacpp`: what a user would pick to run the 270M model on a CPU: llama.cpp on the bundled
+  Q4_K_M GGUF with continuous batching, `--batch-size` chats side by side (bench/llamacpp.py),
+  given tuned's prompts and its mean generated tokens a chat, greedy (needs the `llamacpp` extra).
 
-Each system runs in its own subprocess so compile caches and peak RSS are its own. The two
-ChatLens systems run every batch once untimed, then time a second pass: the steady state of a
-long-running job, which compiles each of its few shape buckets once (the warm-up's seconds are
-reported beside). Prints chats/s, generated tokens/s, p50/p95 batch latency, XLA compile count,
-peak RSS and the speedup, then one line of JSON with those figures. A progress bar per system
-shows on stderr (the loading and the warm-up come before its first step).
+Each system runs in its own subprocess so compile caches and peak RSS are its own. Every system
+runs once untimed, then times a second pass: the steady state of a long-running job, which
+compiles each of its few shape buckets once (the warm-up's seconds are reported beside). Prints
+chats/s, generated tokens/s, p50/p95 latency a chat (from its batch's start to its result), XLA
+compile count, peak RSS, the speedups and RSS ratios, then one line of JSON with those figures.
+`--batch-size 1` measures one chat alone: the latency of a streaming job at low rates. A
+progress bar per system shows on stderr (the loading and the warm-up come before its first step).
 
-    .venv/bin/python bench/inference.py [--chats 32] [--batch-size 8]
+    .venv/bin/python bench/inference.py [--chats 32] [--batch-size 8] [--systems tuned llamacpp]
 """
 
 from __future__ import annotations
@@ -46,7 +51,8 @@ PUBLIC_PROMPT = (
 )
 PUBLIC_APOLOGY = "Generate an apology response for the user in this chat text: {chat}\nResponse:"
 NEW_TOKENS = 128  # the public pattern's generation budget per call, beyond the longest prompt
-SYSTEMS = {"public": "gemma3-270m-base", "prompted": "gemma3-270m-base", "tuned": "gemma3-270m"}  # name -> model
+SYSTEMS = {"public": "gemma3-270m-base", "prompted": "gemma3-270m-base", "tuned": "gemma3-270m",
+           "llamacpp": "gemma3-270m-base"}  # name -> model (llama.cpp: the bundled GGUF itself)
 
 
 def compile_counter() -> list[int]:
@@ -117,6 +123,7 @@ def run_chatlens(chats, model: str, cache: str | None, batch_size: int) -> dict:
 
     handler = GemmaModelHandler(model, cache_dir=cache, large_model=False, reply_for="negative")
     engine = handler.load_model()
+    decoder = getattr(engine, "decoder", None)  # the one-pass engine's
 
     def batch_run(batch) -> None:
         list(handler.run_inference(batch, engine))
@@ -136,27 +143,66 @@ def run_chatlens(chats, model: str, cache: str | None, batch_size: int) -> dict:
         batch_run(batch)
         latencies.append(time.perf_counter() - t0)
         progress(min(done * batch_size, len(chats)))
-    return {"seconds": time.perf_counter() - started, "warm_up_seconds": warm_up, "latencies": latencies,
-            "tokens": engine.get_stats()["generated_tokens"] - tokens_before, "model_id": engine.model_id,
-            "compiled_programs": engine.get_stats()["compiles"]}
+    result = {"seconds": time.perf_counter() - started, "warm_up_seconds": warm_up,
+              "latencies": [seconds for batch, seconds in zip(batches, latencies) for _ in batch],
+              "tokens": engine.get_stats()["generated_tokens"] - tokens_before, "model_id": engine.model_id,
+              "compiled_programs": engine.get_stats()["compiles"]}
+    if decoder is not None:  # what llama.cpp is given beside it: the same prompts
+        result["prompts"] = [decoder.vocabulary.prompt(w, decoder.max_prompt_tokens)[0] for w in chats]
+    return result
+
+
+def run_llamacpp(cache: str | None, batch_size: int, prompts: list[list[int]], tokens_per_chat: int) -> dict:
+    """llama.cpp's continuous batching (bench/llamacpp.py) over the same batches: the tuned
+    system's prompts and its mean tokens a chat, as many chats side by side as ChatLens's batch
+    holds. A chat's latency is from its batch's start to its last token (a batch's chats arrive
+    together; ChatLens answers them all at its batch's end)."""
+    from bench.llamacpp import LlamaCppServer
+    from pipeline.model.loading.sources import bundled_gguf
+
+    gguf = bundled_gguf(cache or os.path.expanduser("~/.cache/chatlens"))
+    server = LlamaCppServer(str(gguf), slots=batch_size, threads=os.cpu_count() or 1,
+                            context=batch_size * (max(map(len, prompts)) + tokens_per_chat + 1))
+    budgets = [tokens_per_chat] * len(prompts)
+    bundles = [list(range(start, min(start + batch_size, len(prompts))))
+               for start in range(0, len(prompts), batch_size)]
+    warm_up = time.perf_counter()
+    server.serve([prompts[i] for i in bundles[0]], budgets)  # untimed, as ChatLens's warm-up
+    warm_up = time.perf_counter() - warm_up
+    latencies = []
+    started = time.perf_counter()
+    for bundle in bundles:
+        begun = time.perf_counter()
+        server.serve([prompts[i] for i in bundle], budgets,
+                     done=lambda chat, seconds: latencies.append(time.perf_counter() - begun))
+        progress(len(latencies))
+    seconds = time.perf_counter() - started
+    server.close()
+    return {"seconds": seconds, "warm_up_seconds": warm_up, "latencies": latencies,
+            "tokens": tokens_per_chat * len(prompts), "model_id": f"llama.cpp {gguf.name}"}
 
 
 def child(args: argparse.Namespace) -> None:
-    compiles = compile_counter()
-    chats = load_chats(args.data, args.chats)
-    model = SYSTEMS[args.system]
-    if args.system == "public":
-        result = run_public(chats, model, args.cache)
+    if args.system == "llamacpp":  # nothing of JAX in its process: its peak RSS is llama.cpp's own
+        given = json.loads(args.given.read_text())
+        compiles = [0]
+        chats = given["prompts"]
+        result = run_llamacpp(args.cache, args.batch_size, chats, given["tokens_per_chat"])
     else:
-        result = run_chatlens(chats, model, args.cache, args.batch_size)
+        compiles = compile_counter()
+        chats = load_chats(args.data, args.chats)
+        if args.system == "public":
+            result = run_public(chats, SYSTEMS["public"], args.cache)
+        else:
+            result = run_chatlens(chats, SYSTEMS[args.system], args.cache, args.batch_size)
     latencies = sorted(result.pop("latencies"))
     result.update(
         system=args.system,
         chats=len(chats),
         chats_per_s=len(chats) / result["seconds"],
         tokens_per_s=result["tokens"] / result["seconds"],
-        p50_batch_s=statistics.median(latencies),
-        p95_batch_s=latencies[min(len(latencies) - 1, int(round(0.95 * (len(latencies) - 1))))],
+        p50_chat_s=statistics.median(latencies),
+        p95_chat_s=latencies[min(len(latencies) - 1, int(round(0.95 * (len(latencies) - 1))))],
         xla_compiles=compiles[0],
         peak_rss_mib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
     )
@@ -182,46 +228,64 @@ def run_child(command: list[str], system: str, chats: int) -> dict:
     return result
 
 
+COLUMNS = ("chats_per_s", "tokens_per_s", "p50_chat_s", "p95_chat_s", "xla_compiles", "peak_rss_mib")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--chats", type=int, default=32, help="chats per system (default: %(default)s)")
-    parser.add_argument("--batch-size", type=int, default=8, help="ChatLens batch size (default: %(default)s)")
+    parser.add_argument("--batch-size", type=int, default=8,
+                        help="chats per model call, as Beam hands them to the handler, and llama.cpp's parallel "
+                             "slots (default: %(default)s; 1: one chat alone, the latency)")
     parser.add_argument("--cache", default=os.environ.get("CHATLENS_CACHE"), help="model cache directory")
     parser.add_argument("--data", type=Path, default=ROOT / "data/source/eval_chats.jsonl")
-    parser.add_argument("--systems", nargs="+", choices=list(SYSTEMS), default=list(SYSTEMS),
-                        help="which systems to run side by side (default: all; the public pattern takes ~40 min)")
+    parser.add_argument("--systems", nargs="+", choices=list(SYSTEMS), default=["public", "prompted", "tuned"],
+                        help="which systems to run side by side (default: %(default)s; the public pattern takes "
+                             "~40 min; llamacpp needs the llamacpp extra and runs after tuned, on its prompts)")
     parser.add_argument("--system", choices=list(SYSTEMS), help=argparse.SUPPRESS)
+    parser.add_argument("--given", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.system:
         child(args)
         return 0
+    if "llamacpp" in args.systems and "tuned" not in args.systems:
+        parser.error("llamacpp runs beside tuned: it is given tuned's prompts and tokens a chat")
 
     results = {}
-    for system in args.systems:
-        command = [sys.executable, __file__, "--system", system, "--chats", str(args.chats),
-                   "--batch-size", str(args.batch_size), "--data", str(args.data)]
-        if args.cache:
-            command += ["--cache", args.cache]
-        results[system] = run_child(command, system, args.chats)
+    with tempfile.TemporaryDirectory() as scratch:
+        given = Path(scratch) / "given.json"
+        for system in sorted(args.systems, key=lambda name: name == "llamacpp"):  # llamacpp last: after tuned
+            command = [sys.executable, __file__, "--system", system, "--chats", str(args.chats), "--batch-size",
+                       str(args.batch_size), "--data", str(args.data), "--given", str(given)]
+            if args.cache:
+                command += ["--cache", args.cache]
+            results[system] = run_child(command, system, args.chats)
+            if system == "tuned":
+                tuned = results["tuned"]
+                given.write_text(json.dumps({"prompts": tuned.pop("prompts"),
+                                             "tokens_per_chat": round(tuned["tokens"] / tuned["chats"])}))
 
-    print(f"{'system':<10} {'chats/s':>8} {'tokens/s':>9} {'p50 batch s':>12} {'p95 batch s':>12} "
+    print(f"{'system':<10} {'chats/s':>8} {'tokens/s':>9} {'p50 chat s':>11} {'p95 chat s':>11} "
           f"{'compiles':>9} {'peak RSS MiB':>13}")
     for name, r in results.items():
-        print(f"{name:<10} {r['chats_per_s']:>8.3f} {r['tokens_per_s']:>9.1f} {r['p50_batch_s']:>12.2f} "
-              f"{r['p95_batch_s']:>12.2f} {r['xla_compiles']:>9} {r['peak_rss_mib']:>13.0f}")
+        print(f"{name:<10} {r['chats_per_s']:>8.3f} {r['tokens_per_s']:>9.1f} {r['p50_chat_s']:>11.2f} "
+              f"{r['p95_chat_s']:>11.2f} {r['xla_compiles']:>9} {r['peak_rss_mib']:>13.0f}")
+    pairs = (("tuned", "prompted"), ("tuned", "public"), ("prompted", "public"), ("tuned", "llamacpp"))
     speedups = {f"{a}_vs_{b}": results[a]["chats_per_s"] / results[b]["chats_per_s"]
-                for a, b in (("tuned", "prompted"), ("tuned", "public"), ("prompted", "public"))
-                if a in results and b in results}
+                for a, b in pairs if a in results and b in results}
     for name, value in speedups.items():
         print(f"speedup (chats/s) {name.replace('_vs_', ' / ')}: {value:.2f}x")
-    rss = results["tuned"]["peak_rss_mib"] / results["prompted"]["peak_rss_mib"] if {"tuned", "prompted"} <= set(
-        results) else None
-    if rss:
-        print(f"peak RSS tuned / prompted: {rss:.2f}")
-    summary = {name: {k: r[k] for k in ("chats_per_s", "tokens_per_s", "p50_batch_s", "p95_batch_s",
-                                          "xla_compiles", "peak_rss_mib")} for name, r in results.items()}
-    print(json.dumps({"bench": "inference", "chats": args.chats, "batch_size": args.batch_size, **summary,
-                      "speedup": {k: round(v, 2) for k, v in speedups.items()}, "peak_rss_ratio": rss and round(rss, 2)}))
+    ratios = {f"{a}_vs_{b}": results[a]["peak_rss_mib"] / results[b]["peak_rss_mib"]
+              for a, b in (("tuned", "prompted"), ("tuned", "llamacpp")) if a in results and b in results}
+    for name, value in ratios.items():
+        print(f"peak RSS {name.replace('_vs_', ' / ')}: {value:.2f}")
+    if "llamacpp" in results:
+        latency = results["tuned"]["p50_chat_s"] / results["llamacpp"]["p50_chat_s"]
+        print(f"p50 chat latency tuned / llamacpp: {latency:.2f} (at {args.batch_size} chat(s) a call)")
+    summary = {name: {k: r[k] for k in COLUMNS} for name, r in results.items()}
+    print(json.dumps({"bench": "inference", "chats": args.chats, "batch_size": args.batch_size,
+                      **summary, "speedup": {k: round(v, 2) for k, v in speedups.items()},
+                      "peak_rss_ratio": {k: round(v, 2) for k, v in ratios.items()}}))
     return 0
 
 
