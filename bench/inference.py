@@ -158,9 +158,10 @@ def run_llamacpp(cache: str | None, batch_size: int, prompts: list[list[int]], t
     holds. A chat's latency is from its batch's start to its last token (a batch's chats arrive
     together; ChatLens answers them all at its batch's end)."""
     from bench.llamacpp import LlamaCppServer
+    from chatlens.config import get_settings
     from pipeline.model.loading.sources import bundled_gguf
 
-    gguf = bundled_gguf(cache or os.path.expanduser("~/.cache/chatlens"))
+    gguf = bundled_gguf(cache or get_settings().cache)  # where resolve_model assembles it too
     server = LlamaCppServer(str(gguf), slots=batch_size, threads=os.cpu_count() or 1,
                             context=batch_size * (max(map(len, prompts)) + tokens_per_chat + 1))
     budgets = [tokens_per_chat] * len(prompts)

@@ -122,8 +122,7 @@ def test_a_bfloat16_cache_is_read_as_it_is_and_the_step_stays_close(backbone):
     tokens = jnp.asarray(rng.integers(0, 64, (batch, 1)), "int32")
     weights = step_weights(backbone)
     program = jax.jit(lambda c: forward_one(backbone, weights, tokens, c, 9, key_mask)).lower(halved).as_text()
-    k, v = halved[0]
-    shape = "x".join(map(str, k.shape))
+    shape = "x".join(map(str, halved[0][0].shape))
     assert f"tensor<{shape}xbf16>) -> tensor<{shape}xf32>" not in program  # no conversion of a cache
     exact, _ = forward_one(backbone, weights, tokens, cache, 9, key_mask)
     read, _ = forward_one(backbone, weights, tokens, halved, 9, key_mask)
