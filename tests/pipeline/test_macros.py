@@ -45,6 +45,19 @@ def test_the_macro_sharing_most_words_with_the_chat_and_the_draft_wins_with_the_
     assert pick(window(("customer", "tarde"), language="es"), LIBRARY.model_copy(update={"macros": [LATE]})) is None
 
 
+def test_a_macro_the_draft_checks_fail_for_the_chat_is_never_picked():
+    """A decoded draft that invents a refund (one the chat never mentions) does not
+    get the customer a macro speaking of their refund: the draft checks (review_checks) fail it."""
+    refund = ReplyMacro(title="Refund not received", language="en", keywords="refund money back still waiting",
+                        body="I'm sorry your refund still hasn't come through. I'm checking where it stands.")
+    library = ReplyLibrary(macros=[refund, *LIBRARY.macros])
+    chat = window(("customer", "still waiting, where is my stuff??"))
+    assert reply_problems(refund.body, chat)  # a refund this chat never mentions
+    assert pick(chat, library, guide="Sorry, your refund is still waiting") != refund
+    asked = window(("customer", "my refund is still not back, waiting two weeks"))
+    assert pick(asked, library, guide="Sorry, your refund is still waiting") == refund
+
+
 def test_a_chat_without_a_language_gets_the_language_its_words_meet():
     assert language_of(window(("customer", "mi paquete llega tarde, otro retraso"), language=None), LIBRARY) == "es"
     assert language_of(window(("customer", "parcel late"), language="en-GB"), LIBRARY) == "en"

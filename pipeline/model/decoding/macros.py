@@ -5,6 +5,9 @@ A 270M model's own drafts claim actions nobody took and promise refunds the chat
 team's to make. What the model adds is the choice: its own decoded draft (`guide`, in the
 customer's language) and the customer's messages name the problem, and the macro whose title
 and keywords share most of their words wins (`extractive.content_words`: word stems, numbers whole).
+A macro the draft checks fail for the chat (`review_checks`: a refund it never mentions) is never
+picked. Two other pickers did worse on dev (README, "Which macro"): the decoded summary's words in
+place of the draft's, and the model's likelihood of each macro as its reply.
 `{reference}` in a macro stands for the first order, parcel, booking or ticket code the customer
 gave; a macro using it is only picked for a chat that has one, and is preferred on a tie.
 
@@ -75,11 +78,17 @@ def candidates(library: ReplyLibrary, language: str | None, code: str | None) ->
     return [m for m in _in_language(library, language) if code is not None or REFERENCE not in m.body]
 
 
+def filled(macro: ReplyMacro, code: str | None) -> str:
+    """The macro's text for a chat, `{reference}` filled in with its code."""
+    return macro.body.replace(REFERENCE, code or "")
+
+
 def pick(window: ChatWindow, library: ReplyLibrary, guide: str | None = None) -> ReplyMacro | None:
     """The macro whose title and keywords best match the model's draft and the customer's messages:
     each shared word weighs by how few of the candidates name it (a word every macro names tells
-    nothing), once per side; then one using the chat's reference; then the library's order. None:
-    the language has no macros, or none matches and it has no catch-all."""
+    nothing), once per side; then one using the chat's reference; then the library's order; never
+    one the draft checks fail for this chat. None: the language has no macros, or none matches and
+    it has no catch-all."""
     code = reference(window)
     found = candidates(library, language_of(window, library), code)
     said = _customer_words(window)
@@ -92,10 +101,12 @@ def pick(window: ChatWindow, library: ReplyLibrary, guide: str | None = None) ->
                      for word in named[index])
         return weight, REFERENCE in found[index].body, -index
 
-    best = max(range(len(found)), key=score, default=None)
+    # a macro the draft checks fail for this chat (a refund the chat never mentions) is never picked
+    allowed = [i for i, macro in enumerate(found) if not reply_problems(filled(macro, code), window)]
+    best = max(allowed, key=score, default=None)
     if best is not None and score(best)[0] > 0:
         return found[best]
-    return next((macro for macro in found if not macro.keywords.strip()), None)
+    return next((found[i] for i in allowed if not found[i].keywords.strip()), None)
 
 
 def opening(window: ChatWindow, library: ReplyLibrary, guide: str | None) -> str | None:
@@ -121,7 +132,7 @@ def macro_reply(window: ChatWindow, library: ReplyLibrary, guide: str | None = N
     macro = pick(window, library, guide)
     if macro is None:
         return None
-    body = macro.body.replace(REFERENCE, reference(window) or "")
+    body = filled(macro, reference(window))
     said = own_opening and opening(window, library, guide)
     if said:
         rest = sentences(body)[1:]
