@@ -169,8 +169,14 @@ def shift_positions(backbone, cache, offset):
 
 
 def embed(backbone, token_ids):
-    """Gemma's scaled token embeddings."""
-    x = backbone.token_embedding(token_ids)
+    """Gemma's scaled token embeddings: keras's lookup (`Embedding.call`), with the table tied to the
+    ids by an optimisation barrier. XLA's CPU backend gathers bfloat16 rows from a float32
+    conversion of the table; in the decoding loop it hoisted that conversion out of the loop, a
+    float32 copy of the whole vocabulary (671 MB for Gemma 3) made on every call. Tied to the ids,
+    which change every step, only the rows gathered are converted. The same values either way."""
+    embedding = backbone.token_embedding
+    table, token_ids = jax.lax.optimization_barrier((embedding.embeddings.value, token_ids))
+    x = jnp.take(table, token_ids, axis=0).astype(embedding.compute_dtype)
     return x * jnp.sqrt(jnp.asarray(backbone.hidden_dim, x.dtype))
 
 

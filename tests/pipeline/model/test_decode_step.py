@@ -127,3 +127,38 @@ def test_a_bfloat16_cache_is_read_as_it_is_and_the_step_stays_close(backbone):
     exact, _ = forward_one(backbone, weights, tokens, cache, 9, key_mask)
     read, _ = forward_one(backbone, weights, tokens, halved, 9, key_mask)
     np.testing.assert_allclose(np.asarray(read), np.asarray(exact), atol=0.1 * float(jnp.std(exact)))
+
+
+@pytest.mark.slow
+def test_a_decoding_loop_makes_no_float32_copy_of_a_bfloat16_vocabulary():
+    """XLA's CPU backend gathers bfloat16 embedding rows from a float32 conversion of the table, and
+    in a loop it hoisted that conversion out: a float32 copy of the whole vocabulary (671 MB for
+    Gemma 3 270M) made on every call of the decoding loop, a quarter of serving's peak memory. `embed`
+    ties the table to the ids, so only the rows gathered are converted; the rows are keras-hub's.
+    The conversion only shows at the real vocabulary's size (random weights, one layer)."""
+    import jax
+    import keras
+    import keras_hub
+
+    from pipeline.model.decoding.step import embed
+
+    keras.utils.set_random_seed(4)
+    vocabulary, hidden = 262_144, 640
+    backbone = keras_hub.models.Gemma3Backbone(
+        vocabulary_size=vocabulary, image_size=None, num_layers=1, num_query_heads=4, num_key_value_heads=1,
+        hidden_dim=hidden, intermediate_dim=64, head_dim=256, query_head_dim_normalize=True,
+        use_query_key_norm=True, use_post_ffw_norm=True, use_post_attention_norm=True,
+        attention_logit_soft_cap=None, final_logit_soft_cap=None, dtype="bfloat16")
+    ids = jnp.asarray([[1], [5], [9]], "int32")
+
+    def loop(ids):  # the next ids from the rows, as a decoding loop's next tokens come from them
+        def body(i, ids):
+            rows = embed(backbone, ids).astype("float32")
+            return (ids * 7 + (rows.sum(-1) > 0).astype("int32") + i) % vocabulary
+        return jax.lax.fori_loop(0, 4, body, ids)
+
+    program = jax.jit(loop).lower(ids).compile().as_text()
+    carried = [line for line in program.splitlines() if " while(" in line]
+    assert carried and not any(f"f32[{vocabulary},{hidden}]" in line for line in carried)
+    expected = backbone.token_embedding(ids) * jnp.sqrt(jnp.asarray(hidden, "bfloat16"))
+    np.testing.assert_array_equal(np.asarray(embed(backbone, ids), "float32"), np.asarray(expected, "float32"))
