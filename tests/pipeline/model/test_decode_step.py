@@ -133,7 +133,7 @@ def test_a_bfloat16_cache_is_read_as_it_is_and_the_step_stays_close(backbone):
 def test_a_decoding_loop_makes_no_float32_copy_of_a_bfloat16_vocabulary():
     """XLA's CPU backend gathers bfloat16 embedding rows from a float32 conversion of the table, and
     in a loop it hoisted that conversion out: a float32 copy of the whole vocabulary (671 MB for
-    Gemma 3 270M) made on every call of the decoding loop, a quarter of serving's peak memory. `embed`
+    Gemma 3 270M) made on every call of the decoding loop, about a fifth of serving's peak memory. `embed`
     ties the table to the ids, so only the rows gathered are converted; the rows are keras-hub's.
     The conversion only shows at the real vocabulary's size (random weights, one layer)."""
     import jax
