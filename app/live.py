@@ -61,6 +61,8 @@ class EventHub:
         self._loop = asyncio.get_running_loop()
         self._wake = asyncio.Event()
         self.last_id = await asyncio.to_thread(self._read_last_id)
+        # Every stream starts with the status of its moment: later ones go out only on a change.
+        self._last_status = self._status()
         self._task = asyncio.create_task(self._poll_forever(), name="live-events")
 
     def close(self) -> None:
@@ -128,8 +130,8 @@ class EventHub:
                     event = await asyncio.wait_for(queue.get(), timeout=max(0.0, next_check - time.monotonic()))
                 except TimeoutError:
                     event = _QUIET
-                if still_allowed is not None and time.monotonic() >= next_check:
-                    if not await still_allowed():
+                if time.monotonic() >= next_check:
+                    if still_allowed is not None and not await still_allowed():
                         return
                     next_check = time.monotonic() + check_seconds
                 if event is None:

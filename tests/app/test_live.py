@@ -203,3 +203,33 @@ def test_the_session_is_checked_on_time_while_events_flow(tmp_path):
     db.dispose()
     gaps = [later - earlier for earlier, later in zip(checks, checks[1:])]
     assert len(gaps) >= 4 and max(gaps) < 1.4, gaps
+
+
+def test_a_status_event_is_sent_only_when_the_status_changes(tmp_path):
+    """Every stream starts with the status; the poller used to send the same status again ~2 s after
+    starting (it remembered none), which browsers saw as a change that did not happen."""
+    from app.live import STATUS_EVERY_SECONDS
+
+    db = Database(sqlite_url(tmp_path))
+    db.upgrade()
+    status = {"feed": "running"}
+
+    async def scenario() -> list[str]:
+        hub = EventHub(db, poll_seconds=0.05, status_provider=lambda: dict(status))
+        await hub.start()
+
+        async def later() -> None:
+            await asyncio.sleep(STATUS_EVERY_SECONDS * 1.5)  # the poller has checked the status by now
+            status["feed"] = "reconnecting"
+            await asyncio.sleep(STATUS_EVERY_SECONDS * 1.5)
+            hub.close()
+
+        changer = asyncio.create_task(later())
+        kinds = [(event.kind, event.data.get("feed")) async for event in hub.stream(None)]
+        await changer
+        await hub.stop()
+        return kinds
+
+    kinds = asyncio.run(scenario())
+    db.dispose()
+    assert kinds == [("hello", None), ("status", "running"), ("status", "reconnecting")]
