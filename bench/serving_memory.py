@@ -83,6 +83,7 @@ def main() -> int:
         "stages": stages,
         "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
         "live_jax_arrays_mib": {dtype: round(n / 2**20) for dtype, n in sorted(arrays.items())},
+        "compiled_programs_held": len(getattr(getattr(engine, "decoder", None), "programs", ())),
         "tensorflow_imported": "tensorflow" in sys.modules and sys.modules["tensorflow"] is not None,
         "trainer_imported": "pipeline.model.training.trainer" in sys.modules,
         "analyses": [{"scores": a.scores, "summary": a.summary, "reply": a.reply_draft, "flags": a.flags}

@@ -44,6 +44,7 @@ from pipeline.model.decoding.calibration import LabelCalibration
 from pipeline.model.decoding.extractive import extractive_summary
 from pipeline.model.decoding.macros import macro_reply
 from pipeline.model.decoding.offer import AGENT_ANSWERED, DRAFT_WITHHELD, SUMMARY_UNSURE
+from pipeline.model.decoding.programs import MAX_PROGRAMS, Programs
 from pipeline.model.decoding.state import detokenize, model_state, stateless_scope, token_ids
 from pipeline.model.decoding.step import (
     decoding_cache,
@@ -111,7 +112,7 @@ class OnePassDecoder:
     def __init__(self, causal_lm, *, max_prompt_tokens: int = MAX_PROMPT_TOKENS,
                  summary_tokens: int = SUMMARY_TOKENS, reply_tokens: int = REPLY_TOKENS,
                  calibration: LabelCalibration = LabelCalibration(), step_dtype: str = "bfloat16",
-                 ground_numbers: bool = True, prompt_format: int = 1):
+                 ground_numbers: bool = True, prompt_format: int = 1, max_programs: int = MAX_PROGRAMS):
         self.lm = causal_lm
         self.backbone = causal_lm.backbone
         tokenizer = causal_lm.preprocessor.tokenizer
@@ -129,6 +130,7 @@ class OnePassDecoder:
         self.prefill_overhead = PREFILL_OVERHEAD_TOKENS  # see buckets.prefill_groups
         self.compiles: list[str] = []
         self._lock = threading.Lock()
+        self.programs = Programs(max_programs)  # the compiled programs held (`programs.py`)
         self._prefill, self._decode_loop = self._build()
         self.step_dtype = step_dtype
         self._step_layers = jax.jit(lambda state: self._in_scope(state, step_weights, self.backbone, step_dtype, False))
@@ -187,7 +189,7 @@ class OnePassDecoder:
         max_summary, max_reply = self.summary_tokens, self.reply_tokens
         visible, reply_past_cut = jnp.asarray(self._visible), REPLY_CHARS + PAST_CUT_MARGIN
 
-        @functools.partial(jax.jit, static_argnames=("label_only",))
+        @functools.partial(self.programs.jit, static_argnames=("label_only",))
         def prefill(state, prompt_ids, key_mask, label_bias, offset, label_only):
             """The label logits, the first summary token's logits and the head-major cache of one
             left-padded group; its keys placed `offset` positions on, where the batch's prompts end.
@@ -210,7 +212,7 @@ class OnePassDecoder:
         codes = jnp.asarray(self._token_codes) if ground else None
         symbols = jnp.asarray(grounding.symbol_ids(self._token_codes)) if ground else None
 
-        @functools.partial(jax.jit, static_argnames=("steps",), compiler_options=LOOP_COMPILER_OPTIONS)
+        @functools.partial(self.programs.jit, static_argnames=("steps",), compiler_options=LOOP_COMPILER_OPTIONS)
         def decode(state, weights, cache, logits, key_mask, wants_reply, numbers, steps):
             """Greedy summary then reply tokens, each token's phase and its log-probability under
             the model (before the number mask: what the model itself believed), `steps` at most; with
