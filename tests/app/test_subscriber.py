@@ -19,6 +19,7 @@ from sqlalchemy import func, select
 
 from app.main import create_app
 from app.models import ErrorEvent, Insight
+from app.subscriber import FAILED_MESSAGE_PAUSE
 from chatlens.config import DEFAULT_PROJECT, LAYOUT, topic_path
 from chatlens.contracts import DeadLetter
 from localpubsub.admin import ensure_layout
@@ -235,8 +236,9 @@ def test_a_message_that_keeps_failing_is_dead_lettered_after_bounded_attempts_an
             # The service counted exactly its attempts (above); the subscriber may have seen more deliveries:
             # at-least-once copies (the server's worst case sends spontaneous ones) are not attempts.
             # Copies the client already held when the server gave up may still be handled: count once
-            # those have landed (no change for a second), then none may follow.
-            failed = settled(lambda: subscriber.status().outcomes["failed"])
+            # those have landed, then none may follow. Each failure pauses FAILED_MESSAGE_PAUSE before
+            # the next copy is handled, so only a quiet spell well past the pause means none is left.
+            failed = settled(lambda: subscriber.status().outcomes["failed"], quiet=3 * FAILED_MESSAGE_PAUSE)
             assert failed >= LAYOUT.max_delivery_attempts
             time.sleep(2)
             assert subscriber.status().outcomes["failed"] == failed  # not delivered again
