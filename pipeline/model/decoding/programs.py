@@ -4,8 +4,9 @@ A decoder compiles one program per batch and length bucket it meets, and `jax.ji
 one for the life of the process. On a CPU each holds 50-100 MB (a prefill ~95 MB, a decoding
 loop ~55 MB, measured here), so a worker that has met 30 shapes holds 2-3 GB of programs it
 mostly no longer runs. `Programs` holds at most `limit` of them and drops the least recently
-used; one needed again comes back from XLA's on-disk compilation cache (`sources.
-use_compilation_cache`) in about 3 s here, or is compiled again where that cache is off.
+used; one needed again comes back from XLA's on-disk compilation cache
+(`loading.sources.use_compilation_cache`) in about 3 s here, or is compiled again where that
+cache is off.
 """
 
 from __future__ import annotations

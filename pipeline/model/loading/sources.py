@@ -113,7 +113,9 @@ def use_compilation_cache(cache: Path) -> None:
 
     A decoder compiles one program per batch and length bucket, tens of seconds each on a CPU;
     the next process that loads a model of the same shape (a restart, `chatlens eval`, a test)
-    reads them back instead. The weights are arguments, not constants: a new adapter reuses them.
+    reads them back instead, and so does this process for a program its decoder dropped
+    (`decoding/programs.py` holds a few at a time). The weights are arguments, not constants: a
+    new adapter reuses them.
     """
     import jax
 
