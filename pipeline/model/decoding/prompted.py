@@ -6,7 +6,7 @@ Its public methods take and return plain picklable values, because with
 
 Speed comes from three things: every call works on a whole batch; batch size and sequence
 length are padded to a few buckets so XLA compiles a bounded number of programs (each one
-logged); sentiment is one forward pass that scores the label tokens instead of
+logged, at most `programs.MAX_PROGRAMS` held at once); sentiment is one forward pass that scores the label tokens instead of
 generating and parsing text; and generation right-aligns the prompts so that every row
 decodes only its own new tokens.
 """
@@ -26,6 +26,7 @@ import numpy as np
 
 from chatlens.contracts import MAX_REPLY_CHARS, MAX_SUMMARY_CHARS, ChatWindow
 from pipeline.model.decoding.buckets import length_groups, padded_rows
+from pipeline.model.decoding.programs import MAX_PROGRAMS, Programs
 from pipeline.model.decoding.state import detokenize, model_state, stateless_scope, token_ids
 from pipeline.model.decoding.step import empty_cache
 from pipeline.model.decoding.text import clean_completion, is_degenerate
@@ -76,7 +77,8 @@ class PromptedEngine:
     top, prompted once per output. A model tuned by ChatLens gets `one_pass.OnePassEngine`;
     `backends/gemma/engine.py` picks."""
 
-    def __init__(self, causal_lm, model_id: str, prompts: PromptSet, config: EngineConfig = EngineConfig()):
+    def __init__(self, causal_lm, model_id: str, prompts: PromptSet, config: EngineConfig = EngineConfig(),
+                 max_programs: int = MAX_PROGRAMS):
         self.lm = causal_lm
         self.model_id = model_id
         self.prompts = prompts
@@ -91,6 +93,7 @@ class PromptedEngine:
         template = prompts.templates[Task.SENTIMENT]
         self._head_text = template[: template.index("{transcript}")]
         self._head = None  # attention cache of the shared prompt head, built on first use
+        self.programs = Programs(max_programs)  # the compiled programs held (`programs.py`)
         self._prefill_fn, self._score_fn = self._build_score_fns()
         self._generate_fn = self._build_generate_fn()
         self._overhead_tokens = {task: len(self._encode(prompts.overhead(task))) for task in prompts.templates}
@@ -166,14 +169,14 @@ class PromptedEngine:
         """
         lm, backbone = self.lm, self.lm.backbone
 
-        @jax.jit
+        @self.programs.jit
         def prefill(state, token_ids):
             empty = empty_cache(backbone, *token_ids.shape, lm.compute_dtype)
             with self._scope(state):
                 _, _, cache = lm.call_with_cache(token_ids, empty, 0)
             return cache
 
-        @jax.jit
+        @self.programs.jit
         def score(state, head_cache, token_ids, last_index, label_ids):
             batch, length = token_ids.shape
             head_length = head_cache[0][0].shape[1]
@@ -230,7 +233,7 @@ class PromptedEngine:
         lm, backbone = self.lm, self.lm.backbone
         penalty = self.config.repetition_penalty
 
-        @functools.partial(jax.jit, static_argnames=("max_new", "penalised"))
+        @functools.partial(self.programs.jit, static_argnames=("max_new", "penalised"))
         def generate(state, token_ids, key_mask, stop_ids, max_new, penalised):
             batch, length = token_ids.shape
             start = length - max_new

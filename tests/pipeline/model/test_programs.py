@@ -1,5 +1,5 @@
 """The bounded set of compiled programs (pipeline/model/decoding/programs.py): real XLA programs,
-and the one-pass decoder on a tiny random Gemma holding one program at a time."""
+and both engines on a tiny random Gemma holding one program at a time."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ import pytest
 from pipeline.corpus import DATA_DIR, load_examples
 from pipeline.model.decoding.one_pass import OnePassDecoder
 from pipeline.model.decoding.programs import Programs
+from pipeline.model.decoding.prompted import EngineConfig, PromptedEngine
+from pipeline.prompts import load_prompts
 
 
 def test_programs_beyond_the_limit_are_dropped_least_recently_used_first():
@@ -42,5 +44,18 @@ def test_a_decoder_holding_one_program_gives_what_one_holding_all_gives(tiny_lm)
     for batch in windows:
         expected, got = keeping.run(batch, "all"), dropping.run(batch, "all")
         assert got == expected
+        assert len(dropping.programs) == 1
+    assert len(keeping.programs) > 3
+
+
+def test_a_prompted_engine_holding_one_program_gives_what_one_holding_all_gives(tiny_lm):
+    """The engine of untuned models: its head prefill, scoring and generation programs, each
+    dropped and compiled again in turn, give the same analyses."""
+    chats = [e.window for e in load_examples(DATA_DIR / "v2" / "train.jsonl")[:3]]
+    config = EngineConfig(summary_tokens=4, reply_tokens=3)
+    keeping, dropping = (PromptedEngine(tiny_lm, "tiny", load_prompts("completion"), config, max_programs=n)
+                         for n in (64, 1))
+    for batch in ([chats[0]], chats[1:], [chats[0]]):
+        assert dropping.analyze(batch, "all") == keeping.analyze(batch, "all")
         assert len(dropping.programs) == 1
     assert len(keeping.programs) > 3
