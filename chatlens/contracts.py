@@ -144,7 +144,8 @@ class ChatAnalysis(_Contract):
     reply_draft: Annotated[str, StringConstraints(min_length=1, max_length=MAX_REPLY_CHARS)] | None
     flags: list[Annotated[str, StringConstraints(max_length=64)]] = Field(default_factory=list, max_length=16)
     # How sure the model was of its summary and of its reply (the geometric mean probability of their
-    # tokens), None where the model measures none. A reply it was unsure of is not offered: `reply_draft`
+    # tokens; for a reply from the reply library, flag "reply_from_library", the picker's confidence in
+    # its macro), None where the model measures none. A reply it was unsure of is not offered: `reply_draft`
     # is None, flag "draft_withheld"; an unsure summary is flagged "summary_unsure". A chat an agent has
     # answered gets no draft where the policy says so (flag "agent_answered").
     summary_confidence: Annotated[float, Field(ge=0.0, le=1.0)] | None = None

@@ -78,6 +78,12 @@ class Example:
         return json.dumps(record, ensure_ascii=False)
 
 
+def read_jsonl(path: Path) -> list[dict]:
+    """Every record of a JSON Lines file (blank lines skipped): the review and annotation tools'
+    files (predictions, verdicts, annotations), which are plain records, not examples."""
+    return [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
 def parse_example(line: str) -> Example:
     """One JSON line: a ChatWindow plus gold fields (missing ones are None)."""
     record = json.loads(line)

@@ -28,8 +28,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from chatlens.replies import DEFAULT_LIBRARY, read_library  # noqa: E402
-from pipeline.corpus import SPLITS, load_split  # noqa: E402
-from pipeline.model.decoding.macros import language_of, pick  # noqa: E402
+from pipeline.corpus import SPLITS, load_split, read_jsonl  # noqa: E402
+from pipeline.model.decoding.macros import in_language, language_of, pick  # noqa: E402
 
 BRIEF_HEAD = """# Which reply macro fits each chat
 
@@ -48,21 +48,13 @@ Each annotator writes one JSON line per chat:
 """
 
 
-def read_lines(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-
-
 def chat_ids(path: Path) -> list[str]:
-    return [row["chat_id"] for row in read_lines(path)]
-
-
-def english(library) -> list:
-    return [m for m in library.macros if m.language.split("-")[0] == "en"]
+    return [row["chat_id"] for row in read_jsonl(path)]
 
 
 def brief(library, windows) -> str:
     """The annotators' brief: the English macros numbered, then each chat's messages."""
-    macros = english(library)
+    macros = in_language(library, "en")
     text = BRIEF_HEAD.format(count=len(macros))
     text += "".join(f"{i}. **{m.title}**: {m.body}\n" for i, m in enumerate(macros))
     text += "\n## Chats\n\nEach chat follows as `### chat_id` and its messages, quoted, sender in bold.\n"
@@ -74,7 +66,7 @@ def brief(library, windows) -> str:
 
 def place(library, macro) -> int:
     """The macro's number: its place in its own language's list."""
-    return [m for m in library.macros if m.language == macro.language].index(macro)
+    return in_language(library, macro.language).index(macro)
 
 
 def score(library, windows: dict, annotations: list[dict[str, dict]], guides: dict[str, str]) -> dict:
@@ -147,8 +139,8 @@ def main(argv: list[str] | None = None) -> int:
         args.out.write_text("".join(json.dumps({"chat_id": i, "guide": g}, ensure_ascii=False) + "\n"
                                     for i, g in guides.items()), encoding="utf-8")
     else:
-        annotations = [{row["chat_id"]: row for row in read_lines(path)} for path in args.annotations]
-        guides = {row["chat_id"]: row["guide"] for row in read_lines(args.guides)} if args.guides else {}
+        annotations = [{row["chat_id"]: row for row in read_jsonl(path)} for path in args.annotations]
+        guides = {row["chat_id"]: row["guide"] for row in read_jsonl(args.guides)} if args.guides else {}
         windows = {i: examples[i] for i in annotations[0]}
         result = score(library, windows, annotations, guides)
         print(json.dumps(result if args.wrong else result["counts"], ensure_ascii=False, indent=1))

@@ -31,13 +31,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from pipeline import scoring  # noqa: E402
-from pipeline.corpus import DATA_DIR, SPLITS, load_split, second_replies  # noqa: E402
+from pipeline.corpus import DATA_DIR, SPLITS, load_split, read_jsonl, second_replies  # noqa: E402
 
 
 def model_replies(path: Path, system: str | None = None) -> dict[str, str]:
     """chat_id -> the reply a system drafted, from `chatlens eval --predictions` (its first system
     unless one is named)."""
-    records = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    records = read_jsonl(path)
     system = system or records[0]["system"]
     return {r["chat_id"]: r["reply"] for r in records if r["system"] == system and r["reply"]}
 

@@ -33,7 +33,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from pipeline.corpus import SPLITS, load_examples, load_split  # noqa: E402
+from pipeline.corpus import SPLITS, load_examples, load_split, read_jsonl  # noqa: E402
 
 SUMMARY_PROBLEMS = ("invented fact", "wrong fact", "who said what swapped", "misses the main problem", "garbled",
                     "wrong status")
@@ -62,8 +62,7 @@ Write one JSON line per item to your verdicts file:
 
 
 def load_predictions(path: Path, system: str | None) -> list[dict]:
-    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-    return [r for r in rows if system is None or r["system"] == system]
+    return [r for r in read_jsonl(path) if system is None or r["system"] == system]
 
 
 def items_of(rows: list[dict], examples: dict, with_gold: bool) -> list[dict]:
@@ -139,8 +138,7 @@ def tally_verdicts(key: dict, verdicts: dict[str, list[dict]]) -> dict:
 def load_review(folder: Path) -> tuple[dict, dict[str, list[dict]]]:
     """The key `prepare` wrote and each reviewer's verdicts (verdicts-<name>.jsonl), by name."""
     key = json.loads((folder / "key.json").read_text(encoding="utf-8"))
-    verdicts = {path.stem: [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-                for path in sorted(folder.glob("verdicts-*.jsonl"))}
+    verdicts = {path.stem: read_jsonl(path) for path in sorted(folder.glob("verdicts-*.jsonl"))}
     return key, verdicts
 
 

@@ -79,7 +79,7 @@ def library_insight():
         tenant="flyway", customer_id="cust-macro", flags=["reply_from_library"],
         reply="I'm sorry PP-5561027 still hasn't reached you. I'm checking where it is now.",
         start=datetime.now(timezone.utc) - timedelta(minutes=5),
-    )
+    ).model_copy(update={"reply_confidence": 0.87})  # the picker's confidence (macros.Choice)
 
 
 def login(page, base: str, username: str) -> None:
@@ -132,7 +132,8 @@ def test_live_queue_review_and_audit_in_chromium(tmp_path, pubsub_server):
         expect(page.locator("#draft")).to_have_value("")
         # A draft from the team's reply library says where it comes from.
         page.locator('a.chat-row[data-chat-id="zz-macro"]').click()
-        expect(page.get_by_test_id("draft-from-library")).to_have_text("Picked from the reply library by ChatLens")
+        expect(page.get_by_test_id("draft-from-library")).to_have_text(
+            "Picked from the reply library by ChatLens · 87% sure of the pick")
         expect(page.locator("#draft")).to_have_value(library_insight().reply_draft)
         # Once an agent has answered, no draft is offered, and the page says why.
         page.locator('a.chat-row[data-chat-id="zz-answered"]').click()

@@ -186,30 +186,6 @@ def test_an_empty_database_upgrades_to_exactly_the_models(database_url):
         db.dispose()
 
 
-@pytest.mark.skipif(HEAD != BASELINE, reason="the models have moved on from the release before migrations: "
-                                            "checked while they were its models (the baseline never changes)")
-def test_the_baseline_matches_what_create_all_makes(database_url):
-    """Completing a pre-migration database with the baseline is only right if the baseline is what
-    that release's `create_all` made: its models are the current ones only until a later revision."""
-    db = Database(database_url)
-    try:
-        with db.engine.begin() as conn:
-            command.upgrade(alembic_config(connection=conn), BASELINE)
-            context = MigrationContext.configure(conn, opts={"include_name": include_name, "compare_type": True})
-            migrated = inspect(conn)
-            by_baseline = {t: (migrated.get_columns(t), migrated.get_indexes(t), migrated.get_unique_constraints(t))
-                           for t in Base.metadata.tables}
-            command.downgrade(alembic_config(connection=conn), "base")
-            Base.metadata.create_all(conn)
-            created = inspect(conn)
-            by_create_all = {t: (created.get_columns(t), created.get_indexes(t), created.get_unique_constraints(t))
-                             for t in Base.metadata.tables}
-            assert compare_metadata(context, Base.metadata) == []
-        assert repr(by_baseline) == repr(by_create_all)
-    finally:
-        db.dispose()
-
-
 def test_processes_starting_together_migrate_one_at_a_time(database_url):
     errors: list[BaseException] = []
 

@@ -6,7 +6,7 @@ import json
 
 from chatlens.replies import read_library
 from pipeline.corpus import load_split
-from pipeline.model.decoding.macros import pick
+from pipeline.model.decoding.macros import in_language, pick
 from tests.support.corpus_tools import tool
 
 
@@ -15,7 +15,7 @@ def test_the_brief_numbers_the_english_macros_and_quotes_every_chat():
     library = read_library()
     chats = [e.window for e in load_split("dev")[:3]]
     text = picks.brief(library, chats)
-    english = picks.english(library)
+    english = in_language(library, "en")
     assert f"library of {len(english)} reply macros" in text
     for number, macro in enumerate(english):
         assert f"\n{number}. **{macro.title}**: {macro.body}\n" in text
@@ -30,7 +30,7 @@ def test_a_pick_counts_as_right_where_either_annotator_accepts_it(tmp_path):
     chats = {e.window.chat_id: e.window for e in load_split("dev")[:4]}
     numbers = {i: picks.place(library, pick(w, library)) for i, w in chats.items()}
     first, second, third, fourth = chats
-    other = lambda n: (n + 1) % len(picks.english(library))  # noqa: E731 - a number that is not the pick
+    other = lambda n: (n + 1) % len(in_language(library, "en"))  # noqa: E731 - a number that is not the pick
     a = {first: {"best": numbers[first], "fits": "well"}, second: {"best": other(numbers[second]), "fits": "well"},
          third: {"best": other(numbers[third]), "also_ok": [numbers[third]], "fits": "roughly"},
          fourth: {"best": other(numbers[fourth]), "fits": "well"}}

@@ -11,7 +11,7 @@ import pytest
 from chatlens.contracts import ReplyLibrary, ReplyMacro
 from chatlens.replies import read_library, write_library
 from pipeline.corpus import load_split
-from pipeline.model.decoding.macros import REFERENCE, language_of, macro_reply, opening, pick, reference
+from pipeline.model.decoding.macros import REFERENCE, choose, language_of, macro_reply, opening, pick, reference
 from pipeline.model.loading.reply_library import ReplyLibraryFile
 from pipeline.review_checks import reply_problems
 from tests.pipeline.test_extractive import window
@@ -43,6 +43,20 @@ def test_the_macro_sharing_most_words_with_the_chat_and_the_draft_wins_with_the_
     assert pick(vague, LIBRARY) == ANYTHING and pick(vague, LIBRARY, guide="Sorry it is delayed") == LATE_NO_REF
     assert pick(window(("customer", "ik ben boos"), language="nl"), LIBRARY) is None  # no Dutch macros: no draft
     assert pick(window(("customer", "tarde"), language="es"), LIBRARY.model_copy(update={"macros": [LATE]})) is None
+
+
+def test_the_pick_is_as_sure_as_its_score_stands_out_among_the_candidates():
+    """`Choice.confidence` is the pick's softmax share: near 1 where one macro alone matches, under a
+    half for two matching alike, 1/n where nothing matched and the catch-all stands in (what the offer
+    policy withholds below its threshold)."""
+    charged = choose(window(("customer", "I was charged twice, the fee on my bill is wrong")), LIBRARY)
+    assert charged.macro == CHARGE and charged.confidence > 0.99
+    tie = ReplyLibrary(macros=[LATE_NO_REF, LATE_NO_REF.model_copy(update={"title": "Late, too"}), ANYTHING])
+    both = choose(window(("customer", "my parcel is late")), tie)
+    assert both.macro == LATE_NO_REF and 0.4 < both.confidence < 0.5  # a half each, less the catch-all's share
+    nothing = choose(window(("customer", "where is my stuff??")), LIBRARY)
+    assert nothing.macro == ANYTHING and nothing.confidence == pytest.approx(1 / 3)  # LATE needs a reference
+    assert choose(window(("customer", "ik ben boos"), language="nl"), LIBRARY) is None
 
 
 def test_a_macro_the_draft_checks_fail_for_the_chat_is_never_picked():

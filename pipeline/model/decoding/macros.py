@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 import re
 from collections import Counter
+from dataclasses import dataclass
 
 from chatlens.contracts import REFERENCE_PLACEHOLDER as REFERENCE
 from chatlens.contracts import ChatWindow, ReplyLibrary, ReplyMacro
@@ -51,8 +52,12 @@ def _customer_words(window: ChatWindow) -> set[str]:
     return content_words(" ".join(m.text for m in window.messages if m.sender == "customer"))
 
 
-def _in_language(library: ReplyLibrary, language: str | None) -> list[ReplyMacro]:
-    return [m for m in library.macros if _primary(m.language) == language]
+def in_language(library: ReplyLibrary, language: str | None) -> list[ReplyMacro]:
+    """The library's macros in one language, matched on the primary subtag ("pt" and "pt-BR" alike),
+    in the library's order: the same macros in the same places in every language
+    (tests/pipeline/test_macros.py)."""
+    wanted = _primary(language) if language else None
+    return [m for m in library.macros if _primary(m.language) == wanted]
 
 
 def language_of(window: ChatWindow, library: ReplyLibrary) -> str | None:
@@ -75,7 +80,7 @@ def _macro_words(macro: ReplyMacro, body: bool = False) -> set[str]:
 
 def candidates(library: ReplyLibrary, language: str | None, code: str | None) -> list[ReplyMacro]:
     """The macros a chat may get: its language's, those using `{reference}` only where it has one."""
-    return [m for m in _in_language(library, language) if code is not None or REFERENCE not in m.body]
+    return [m for m in in_language(library, language) if code is not None or REFERENCE not in m.body]
 
 
 def filled(macro: ReplyMacro, code: str | None) -> str:
@@ -83,7 +88,19 @@ def filled(macro: ReplyMacro, code: str | None) -> str:
     return macro.body.replace(REFERENCE, code or "")
 
 
-def pick(window: ChatWindow, library: ReplyLibrary, guide: str | None = None) -> ReplyMacro | None:
+@dataclass(frozen=True)
+class Choice:
+    """A picked macro and how sure the picker is of it: the softmax share of its score among the
+    chat's candidates. Near 1 where no other macro matches the chat's words; 1/2 for a tie of
+    two; 1/n where nothing matched and the catch-all stands in. A wrong problem is the review's
+    commonest fault in library drafts, and on dev it came mostly with low shares (README, "Drafts
+    offered only when the pick is sure"): the offer policy withholds those."""
+
+    macro: ReplyMacro
+    confidence: float
+
+
+def choose(window: ChatWindow, library: ReplyLibrary, guide: str | None = None) -> Choice | None:
     """The macro whose title and keywords best match the model's draft and the customer's messages:
     each shared word weighs by how few of the candidates name it (a word every macro names tells
     nothing), once per side; then one using the chat's reference; then the library's order; never
@@ -96,17 +113,24 @@ def pick(window: ChatWindow, library: ReplyLibrary, guide: str | None = None) ->
     named = [_macro_words(macro) for macro in found]
     naming = Counter(word for words in named for word in words)
 
-    def score(index: int) -> tuple[float, bool, int]:
-        weight = sum(math.log(1 + len(found) / naming[word]) * ((word in said) + (word in drafted))
-                     for word in named[index])
-        return weight, REFERENCE in found[index].body, -index
+    def weight(index: int) -> float:
+        return sum(math.log(1 + len(found) / naming[word]) * ((word in said) + (word in drafted))
+                   for word in named[index])
 
     # a macro the draft checks fail for this chat (a refund the chat never mentions) is never picked
-    allowed = [i for i, macro in enumerate(found) if not reply_problems(filled(macro, code), window)]
-    best = max(allowed, key=score, default=None)
-    if best is not None and score(best)[0] > 0:
-        return found[best]
-    return next((found[i] for i in allowed if not found[i].keywords.strip()), None)
+    allowed = {i: weight(i) for i, macro in enumerate(found) if not reply_problems(filled(macro, code), window)}
+    best = max(allowed, key=lambda i: (allowed[i], REFERENCE in found[i].body, -i), default=None)
+    if best is None or allowed[best] <= 0:
+        best = next((i for i in allowed if not found[i].keywords.strip()), None)
+        if best is None:
+            return None
+    return Choice(found[best], 1 / sum(math.exp(w - allowed[best]) for w in allowed.values()))
+
+
+def pick(window: ChatWindow, library: ReplyLibrary, guide: str | None = None) -> ReplyMacro | None:
+    """The macro `choose` picks, without its confidence."""
+    choice = choose(window, library, guide)
+    return choice.macro if choice else None
 
 
 def opening(window: ChatWindow, library: ReplyLibrary, guide: str | None) -> str | None:
@@ -118,23 +142,26 @@ def opening(window: ChatWindow, library: ReplyLibrary, guide: str | None) -> str
         return None
     language = language_of(window, library)
     allowed = _customer_words(window).union(
-        *(_macro_words(m, body=True) for m in _in_language(library, language)))
+        *(_macro_words(m, body=True) for m in in_language(library, language)))
     if content_words(first) - allowed or reply_problems(first, window):
         return None
     return first
 
 
-def macro_reply(window: ChatWindow, library: ReplyLibrary, guide: str | None = None,
-                own_opening: bool = False) -> str | None:
-    """The picked macro's text, `{reference}` filled in; None where no macro fits. With
-    `own_opening`, the macro's first sentence (its apology) gives way to the model's (`opening`)
-    where that only restates the problem."""
-    macro = pick(window, library, guide)
-    if macro is None:
-        return None
+def written(window: ChatWindow, library: ReplyLibrary, macro: ReplyMacro, guide: str | None = None,
+            own_opening: bool = False) -> str:
+    """The macro's text for this chat, `{reference}` filled in. With `own_opening`, the macro's
+    first sentence (its apology) gives way to the model's (`opening`) where that only restates
+    the problem."""
     body = filled(macro, reference(window))
     said = own_opening and opening(window, library, guide)
     if said:
-        rest = sentences(body)[1:]
-        body = " ".join([said, *rest])
+        body = " ".join([said, *sentences(body)[1:]])
     return body
+
+
+def macro_reply(window: ChatWindow, library: ReplyLibrary, guide: str | None = None,
+                own_opening: bool = False) -> str | None:
+    """The picked macro's text (`written`); None where no macro fits."""
+    macro = pick(window, library, guide)
+    return None if macro is None else written(window, library, macro, guide, own_opening)

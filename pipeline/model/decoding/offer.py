@@ -3,7 +3,8 @@
 A blind review by a support lead's rubric passes few of a small model's drafts, and a draft an
 agent cannot trust costs more than no draft: the agent must read the chat anyway, then also
 catch the draft's mistake. So each summary and reply carries the model's confidence in it
-(`one_pass.token_confidence`: the geometric mean probability of its tokens), and below the
+(`one_pass.token_confidence`: the geometric mean probability of its tokens; for a draft that is a
+library macro, the picker's confidence in its pick, `macros.Choice`), and below the
 policy's thresholds the reply is withheld ("no draft: the model was unsure") and the summary
 flagged. The thresholds live in the adapter's manifest (`offer_policy`), chosen on dev by
 `data/tools/review.py offer` from the review's verdicts; without one everything is offered.

@@ -42,7 +42,7 @@ from pipeline.model.decoding.buckets import (
 )
 from pipeline.model.decoding.calibration import LabelCalibration
 from pipeline.model.decoding.extractive import extractive_summary
-from pipeline.model.decoding.macros import macro_reply
+from pipeline.model.decoding.macros import choose, written
 from pipeline.model.decoding.offer import AGENT_ANSWERED, DRAFT_WITHHELD, SUMMARY_UNSURE
 from pipeline.model.decoding.programs import MAX_PROGRAMS, Programs
 from pipeline.model.decoding.state import detokenize, model_state, stateless_scope, token_ids
@@ -384,8 +384,9 @@ class OnePassEngine:
 
     def analyze(self, windows: Sequence[ChatWindow], reply_for: str | Sequence[str] = "none") -> list[WindowAnalysis]:
         """Sentiment, summary and (where `reply_for`, one policy or one per window, selects it) a
-        reply draft, from one pass each, served in the adapter's styles. A decoded reply below the
-        offer policy's confidence is withheld (flag `draft_withheld`, its confidence kept) and a
+        reply draft, from one pass each, served in the adapter's styles. A reply below the offer
+        policy's confidence (the model's in its words, or the picker's in its macro) is withheld
+        (flag `draft_withheld`, its confidence kept) and a
         summary below it flagged (`summary_unsure`); a chat the policy gives no draft (an agent has
         answered) has none decoded (flag `agent_answered` where it would have had one)."""
         serving = self.serving
@@ -409,10 +410,12 @@ class OnePassEngine:
                 flags += ("reply_empty",)
             reply, reply_confidence = out.reply or None, out.reply_confidence
             if out.reply is not None and serving.reply_style != "model":  # the decoded reply picks, never writes
-                reply = macro_reply(window, library, out.reply, own_opening=serving.reply_style == "macro+opening")
+                choice = choose(window, library, out.reply)
+                reply = choice and written(window, library, choice.macro, out.reply,
+                                           own_opening=serving.reply_style == "macro+opening")
                 flags += (FROM_LIBRARY,) if reply else (NO_MACRO,)
-                reply_confidence = None  # the model's confidence was in its own words
-            elif reply and not serving.offer_policy.offers_reply(out.reply_confidence):
+                reply_confidence = choice.confidence if choice else None  # the pick's, not the words'
+            if reply and not serving.offer_policy.offers_reply(reply_confidence):
                 reply, flags = None, flags + (DRAFT_WITHHELD,)
             if not serving.offer_policy.trusts_summary(out.summary_confidence):
                 flags += (SUMMARY_UNSURE,)

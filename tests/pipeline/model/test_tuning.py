@@ -299,7 +299,8 @@ def test_macro_replies_are_the_libraries_own_words_picked_per_chat_and_follow_an
     and which chats get a draft stay the decoded ones; a chat in a language without macros gets no
     draft (flagged); an edit of the library file reaches the next batch."""
     from chatlens.replies import read_library, write_library
-    from pipeline.model.decoding.macros import macro_reply
+    from pipeline.model.decoding.macros import choose, macro_reply
+    from pipeline.model.decoding.offer import DRAFT_WITHHELD, OfferPolicy
     from pipeline.model.decoding.one_pass import FROM_LIBRARY, NO_MACRO, OnePassEngine
     from pipeline.model.loading.reply_library import ReplyLibraryFile
 
@@ -316,8 +317,13 @@ def test_macro_replies_are_the_libraries_own_words_picked_per_chat_and_follow_an
     for window, free, macro in zip(windows[:3], decoded, picked):
         assert (macro.scores, macro.summary) == (free.scores, free.summary)
         assert macro.reply_draft == macro_reply(window, library, free.reply_draft) is not None
-        assert FROM_LIBRARY in macro.flags and macro.reply_confidence is None
+        assert FROM_LIBRARY in macro.flags and macro.reply_confidence == choose(window, library, free.reply_draft).confidence
     assert picked[3].reply_draft is None and NO_MACRO in picked[3].flags
+    unsure = AdapterServing(reply_style="macro", offer_policy=OfferPolicy(reply_min_confidence=1.01))
+    held = OnePassEngine(tiny_lm, "tiny", serving=unsure, reply_library=library_file).analyze(windows[:3], "all")
+    for macro, withheld in zip(picked, held):  # below the policy: no draft, the pick's confidence kept
+        assert withheld.reply_draft is None and DRAFT_WITHHELD in withheld.flags
+        assert withheld.reply_confidence == macro.reply_confidence and withheld.summary == macro.summary
     edited = library.model_copy(update={"macros": [m.model_copy(update={"body": f"Edited {i}."})
                                                    for i, m in enumerate(library.macros)]})
     write_library(edited, library_path)
