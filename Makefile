@@ -15,8 +15,12 @@ $(STAMP): pyproject.toml constraints.txt
 	$(BIN)/python -m pip install -q -c constraints.txt -e '.[dev]'
 	@touch $(STAMP)
 
+# Two workers, a test module each at a time: most tests wait on a server, a browser or a
+# subprocess while the other worker's model tests use the CPU (TEST_WORKERS=0: one process).
+TEST_WORKERS ?= 2
+
 test: $(STAMP) browser postgres node-client
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile
 
 # The browser tests drive Debian's Chromium (Playwright never downloads a browser here).
 browser:
@@ -37,7 +41,7 @@ $(NODE_CLIENT)/node_modules/.installed: $(NODE_CLIENT)/package-lock.json
 	@touch $@
 
 test-fast: $(STAMP) postgres node-client
-	$(BIN)/python -m pytest -m "not slow and not browser"
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile -m "not slow and not browser"
 
 demo: $(STAMP)
 	$(BIN)/chatlens demo

@@ -29,9 +29,17 @@ def _causal_lm(source: ModelSource) -> Any:
 
 @pytest.fixture(scope="session")
 def model_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """`$CHATLENS_CACHE` when set (conversion reused across runs), else a per-session temp dir."""
+    """`$CHATLENS_CACHE` when set (conversion reused across runs), else a temp dir of this run's,
+    one for all of its xdist workers: the first to need a model converts it, under the cache's
+    lock (`sources._exclusive`), and the others load it, compiled programs included."""
     configured = os.environ.get("CHATLENS_CACHE")
-    return Path(configured) if configured else tmp_path_factory.mktemp("chatlens-cache")
+    if configured:
+        return Path(configured)
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # each worker's basetemp is a folder of the run's own
+        shared = tmp_path_factory.getbasetemp().parent / "chatlens-cache"
+        shared.mkdir(exist_ok=True)
+        return shared
+    return tmp_path_factory.mktemp("chatlens-cache")
 
 
 @pytest.fixture(scope="session")

@@ -74,10 +74,12 @@ ANGRY_FIRST_MESSAGE = ("This is the THIRD time my parcel has gone missing. I hav
 
 
 def drafted_or_answered(insight) -> bool:
-    """An insight has its reply draft, or none because an agent has already answered in the chat (the
-    shipped offer policy, pipeline/model/decoding/offer.py): then it is flagged so."""
+    """An insight has its reply draft, or none because an agent has already answered in the chat or
+    the draft was below the offer policy's confidence (the shipped offer policy,
+    pipeline/model/decoding/offer.py): then it is flagged so."""
     answered = any(m.sender == "agent" for m in insight.transcript)
-    return bool(insight.reply_draft) != ("agent_answered" in insight.flags and answered)
+    withheld = "agent_answered" in insight.flags and answered or "draft_withheld" in insight.flags
+    return bool(insight.reply_draft) != withheld
 
 
 RTL_CHAT = [
