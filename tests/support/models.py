@@ -42,6 +42,17 @@ def model_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("chatlens-cache")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def one_compilation_cache(model_cache: Path) -> None:
+    """XLA's compiled programs, for the whole of this test process, in the run's model cache. Else
+    the first test to resolve a model sets where they go for good (`sources.use_compilation_cache`),
+    and where that was a cache in its own `tmp_path`, removed once it passed, every later write
+    fails and every later program is compiled afresh."""
+    import jax
+
+    jax.config.update("jax_compilation_cache_dir", str(model_cache / "jax-compilation-cache"))
+
+
 @pytest.fixture(scope="session")
 def gemma_source(model_cache: Path) -> ModelSource:
     """The default model, `gemma3-270m`: the embedded Gemma with ChatLens's adapter merged in."""
