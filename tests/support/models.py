@@ -43,13 +43,20 @@ def model_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session", autouse=True)
-def one_compilation_cache(model_cache: Path) -> None:
-    """XLA's compiled programs, for the whole of this test process, in the run's model cache. Else
-    the first test to resolve a model sets where they go for good (`sources.use_compilation_cache`),
-    and where that was a cache in its own `tmp_path`, removed once it passed, every later write
-    fails and every later program is compiled afresh."""
+def model_runtime(model_cache: Path) -> None:
+    """keras-hub with TensorFlow, and XLA's compiled programs in the run's model cache, for the whole
+    of this test process, whatever test comes first on it (xdist hands each worker its modules in
+    no fixed order). A first test that loaded a model as serving does, without TensorFlow
+    (`keras_import.import_keras_hub`), would leave every later one that builds a Gemma 3
+    preprocessor or converts the GGUF failing; and the first to resolve a model sets where compiled
+    programs go for good (`sources.use_compilation_cache`): into a test's own `tmp_path`, removed
+    once it passed, every later write would fail and every later program be compiled afresh.
+    Serving without TensorFlow is tested in a process of its own (test_gguf_convert)."""
     import jax
 
+    from pipeline.model.loading.keras_import import import_keras_hub
+
+    import_keras_hub()
     jax.config.update("jax_compilation_cache_dir", str(model_cache / "jax-compilation-cache"))
 
 
