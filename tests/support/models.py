@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from pipeline.model.loading.sources import BASE_SPEC, GGUF_SPEC, ModelSource, resolve_model
+from pipeline.model.loading.sources import BASE_SPEC, GGUF_SPEC, ModelSource, resolve_model, use_compilation_cache
 
 
 @lru_cache(maxsize=None)
@@ -52,12 +52,10 @@ def model_runtime(model_cache: Path) -> None:
     programs go for good (`sources.use_compilation_cache`): into a test's own `tmp_path`, removed
     once it passed, every later write would fail and every later program be compiled afresh.
     Serving without TensorFlow is tested in a process of its own (test_gguf_convert)."""
-    import jax
-
     from pipeline.model.loading.keras_import import import_keras_hub
 
     import_keras_hub()
-    jax.config.update("jax_compilation_cache_dir", str(model_cache / "jax-compilation-cache"))
+    use_compilation_cache(model_cache)  # before any test: it sets the place once, for the process
 
 
 @pytest.fixture(scope="session")

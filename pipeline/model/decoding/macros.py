@@ -91,8 +91,9 @@ def filled(macro: ReplyMacro, code: str | None) -> str:
 @dataclass(frozen=True)
 class Choice:
     """A picked macro and how sure the picker is of it: the softmax share of its score among the
-    chat's candidates. Near 1 where no other macro matches the chat's words; 1/2 for a tie of
-    two; 1/n where nothing matched and the catch-all stands in. A wrong problem is the review's
+    chat's candidates. Near 1 where no other macro matches the chat's words; under a half for a
+    tie of two (the other candidates keep a little); 1/n where nothing matched and the catch-all
+    stands in. A wrong problem is the review's
     commonest fault in library drafts, and on dev it came mostly with low shares (README, "Drafts
     offered only when the pick is sure"): the offer policy withholds those."""
 
