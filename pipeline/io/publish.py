@@ -7,12 +7,26 @@ from collections.abc import Iterable
 from typing import Any
 
 import apache_beam as beam
+from google.api_core import exceptions, retry
+
 
 from pipeline.io.leases import LEASES
 from pipeline.metrics import Counter
 from pipeline.transforms.records import Output
 
 log = logging.getLogger(__name__)
+
+PUBLISH_TIMEOUT = 120.0
+"""Seconds a bundle waits for Pub/Sub to confirm its messages before it fails (and is retried whole)."""
+
+PUBLISH_RETRY = retry.Retry(
+    initial=0.5, maximum=10.0, multiplier=2.0, timeout=PUBLISH_TIMEOUT,
+    predicate=retry.if_exception_type(
+        exceptions.NotFound, exceptions.ServiceUnavailable, exceptions.DeadlineExceeded,
+        exceptions.InternalServerError, exceptions.Aborted, exceptions.Unknown, exceptions.ResourceExhausted))
+"""The client's own retry, plus NotFound: a Pub/Sub server that restarted serves no topics until its
+layout is made again (the emulator forgets them, an operator re-creates one), and a bundle that gave up
+at once would be retried by the runner only a few times before the pipeline fails."""
 
 
 class PublishFn(beam.DoFn):
@@ -34,12 +48,13 @@ class PublishFn(beam.DoFn):
         self._pending = []
 
     def process(self, output: Output):
-        self._pending.append((self._client.publish(self._topic, output.data, **output.attributes), output))
+        self._pending.append((self._client.publish(self._topic, output.data, retry=PUBLISH_RETRY,
+                                                  **output.attributes), output))
 
     def finish_bundle(self):
         pending, self._pending = self._pending, []
         for future, output in pending:
-            future.result(timeout=120)  # raises: the bundle fails and nothing of it is acknowledged
+            future.result(timeout=PUBLISH_TIMEOUT)  # raises: the bundle fails and nothing of it is acknowledged
             self._published.inc()
             message = output.message
             log.info("published %s %s %s", self._kind, getattr(message, "chat_id", None),
