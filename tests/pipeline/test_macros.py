@@ -59,6 +59,33 @@ def test_the_pick_is_as_sure_as_its_score_stands_out_among_the_candidates():
     assert choose(window(("customer", "ik ben boos"), language="nl"), LIBRARY) is None
 
 
+TIE_SCRIPT = """
+from chatlens.contracts import ReplyLibrary, ReplyMacro
+from pipeline.model.decoding.macros import choose
+from tests.pipeline.test_extractive import window
+m = lambda t, k: ReplyMacro(title=t, language="en", keywords=k, body="I'm sorry about this. I'm looking into it now.")
+lib = ReplyLibrary(macros=[m("X", "parcel courier driver invoice voucher"), m("Y", "ticket flight screen router modem"),
+                           m("A", "courier flight invoice screen"), m("B", "driver router"), m("C", "voucher modem invoice screen")])
+choice = choose(window(("customer", "parcel courier driver invoice voucher ticket flight screen router modem")), lib)
+print(choice.macro.title, repr(choice.confidence))
+"""
+
+
+def test_a_tie_is_broken_the_same_way_in_every_process_whatever_its_hash_seed():
+    """X's and Y's words weigh alike (each side's named by one, two, two, two and three macros): a tie,
+    which the library's order breaks. Summed in the order of a set of words, which follows the
+    process's string hashes, the two totals differed in their last bits from process to process, and
+    so did the confidence (and, on dev, once the pick: a Beam worker and a test disagreed)."""
+    import subprocess
+    import sys
+
+    from tests.support.pipeline import REPO
+
+    outputs = {subprocess.run([sys.executable, "-c", TIE_SCRIPT], cwd=REPO, capture_output=True, text=True, check=True,
+                              env={**os.environ, "PYTHONHASHSEED": str(seed)}).stdout for seed in (1, 6, 7)}
+    assert len(outputs) == 1 and outputs.pop().startswith("X ")
+
+
 def test_a_macro_the_draft_checks_fail_for_the_chat_is_never_picked():
     """A decoded draft that invents a refund (one the chat never mentions) does not
     get the customer a macro speaking of their refund: the draft checks (review_checks) fail it."""

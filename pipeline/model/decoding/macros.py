@@ -114,9 +114,9 @@ def choose(window: ChatWindow, library: ReplyLibrary, guide: str | None = None) 
     named = [_macro_words(macro) for macro in found]
     naming = Counter(word for words in named for word in words)
 
-    def weight(index: int) -> float:
-        return sum(math.log(1 + len(found) / naming[word]) * ((word in said) + (word in drafted))
-                   for word in named[index])
+    def weight(index: int) -> float:  # rounded: a tie is a tie in every process, whatever its hash seed
+        return round(sum(math.log(1 + len(found) / naming[word]) * ((word in said) + (word in drafted))
+                         for word in sorted(named[index])), 9)
 
     # a macro the draft checks fail for this chat (a refund the chat never mentions) is never picked
     allowed = {i: weight(i) for i, macro in enumerate(found) if not reply_problems(filled(macro, code), window)}
