@@ -14,6 +14,8 @@ code that needs neither.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
+from contextlib import contextmanager
 from typing import Any
 
 PINNED = {"keras": "3.15.1", "keras-hub": "0.32.0", "apache-beam": "2.77.0"}
@@ -21,7 +23,7 @@ PINNED = {"keras": "3.15.1", "keras-hub": "0.32.0", "apache-beam": "2.77.0"}
 
 PRIVATE_NAMES = (
     # keras
-    "keras.src", "global_state", "uninitialized_variables", "_value", "_flatten_layers",
+    "keras.src", "global_state", "uninitialized_variables", "_value", "_flatten_layers", "_h5_entry_group",
     # keras-hub
     "keras_hub.src", "_apply_rope", "_lora_rank", "_lora_enabled_layers",
     # Beam
@@ -50,6 +52,26 @@ def layers_with_weights(model: Any) -> list:
     the numbering keras-hub's LoRA adapter files use for their layers (keras-hub 0.32.0
     `Backbone.save_lora_weights`)."""
     return [layer for layer in model._flatten_layers(include_self=False) if layer.weights]
+
+
+@contextmanager
+def h5_reads_replaced(read: Callable[[Callable[[], Any], Any], Any]):
+    """keras 3.15.1 `saving_lib.H5IOStore.__getitem__(key)`: how `load_weights` reads each variable's
+    array from a `.weights.h5` (the whole dataset, `np.array`ed in the file's dtype). While inside,
+    it answers `read(read_whole, dataset)`, `dataset` the h5py dataset (`safe_get_h5_dataset`
+    on the store's `_h5_entry_group`, its safety checks kept) and `read_whole()` keras's own read."""
+    from keras.src.saving import saving_lib
+
+    read_whole = saving_lib.H5IOStore.__getitem__
+
+    def replaced(store, key):
+        return read(lambda: read_whole(store, key), saving_lib.safe_get_h5_dataset(store._h5_entry_group, key))
+
+    saving_lib.H5IOStore.__getitem__ = replaced
+    try:
+        yield
+    finally:
+        saving_lib.H5IOStore.__getitem__ = read_whole
 
 
 # ---- keras-hub (0.32.0) ------------------------------------------------------------------------

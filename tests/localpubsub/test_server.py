@@ -716,8 +716,8 @@ def test_retry_policy_backs_off_redeliveries_exponentially(clients):
     # an expired lease backs off too
     clients.publisher.publish(topic, b"expire").result(timeout=10)
     leased = pull_one(clients, subscription)
+    started = time.monotonic()  # before the call: the lease runs from when the server got it
     subscriber.modify_ack_deadline(subscription=subscription, ack_ids=[leased.ack_id], ack_deadline_seconds=1)
-    started = time.monotonic()
     pull_one(clients, subscription)
     assert time.monotonic() - started >= 1.4  # 1 s lease + 0.4 s backoff
 

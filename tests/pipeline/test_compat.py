@@ -44,6 +44,14 @@ def test_layers_with_weights():
         upgraded("layers_with_weights", "keras")
 
 
+def test_h5_reads_replaced():
+    from keras.src.saving import saving_lib
+
+    source = inspect.getsource(saving_lib.H5IOStore.__getitem__)
+    assert "safe_get_h5_dataset(self._h5_entry_group, key)" in source, upgraded("h5_reads_replaced", "keras")
+    assert callable(getattr(saving_lib, "safe_get_h5_dataset", None)), upgraded("h5_reads_replaced", "keras")
+
+
 def test_apply_rope():
     from keras_hub.src.models.gemma3.gemma3_attention import CachedGemma3Attention
 

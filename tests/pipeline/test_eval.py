@@ -123,6 +123,7 @@ FLOORS = {"macro_f1": 0.90, "ece": 0.08, "summary_grounded": 0.98, "reply_ground
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # 82 chats through the real model: 665 s in CI, over 900 s on a busy 2-core machine
 def test_the_shipped_adapter_is_the_default_and_holds_its_figures_on_test(model_cache, tmp_path, capsys):
     """`gemma3-270m` is base + the committed adapter, proven by its manifest (the training data's hash,
     the calibration, the prompt format); on every fifth chat of corpus v3's `test` (82 chats of every

@@ -133,7 +133,6 @@ class OnePassDecoder:
         self.programs = Programs(max_programs)  # the compiled programs held (`programs.py`)
         self._prefill, self._decode_loop = self._build()
         self.step_dtype = step_dtype
-        self._step_layers = jax.jit(lambda state: self._in_scope(state, step_weights, self.backbone, step_dtype, False))
         self._prepared: tuple = ((), None)  # (the state they came from, its step weights)
 
     def _tokenize(self, text: str) -> list[int]:
@@ -158,14 +157,10 @@ class OnePassDecoder:
         arrays = [*state[0], *state[1]]
         before, weights = self._prepared
         if len(before) != len(arrays) or any(a is not b for a, b in zip(before, arrays)):
-            weights = {**self._step_layers(state), "vocabulary": self._in_scope(state, self._vocabulary)}
+            # eagerly, not jitted: kernels already in the step's dtype are the state's own arrays
+            weights = self._in_scope(state, step_weights, self.backbone, self.step_dtype)
             self._prepared = (arrays, weights)
         return weights
-
-    def _vocabulary(self):
-        """The step's vocabulary projection: the token embedding itself where it is in the step's
-        dtype already (a model served in it), not a copy (a jitted function's output always is)."""
-        return jnp.asarray(self.backbone.token_embedding.embeddings).astype(self.step_dtype)
 
     def _logits(self, hidden):
         """The vocabulary's logits, float32. keras-hub's own projection in a float32 model; in a

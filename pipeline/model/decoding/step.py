@@ -12,12 +12,14 @@ that write happens in place). A sliding-window layer's cache is a ring of its wi
 those, not the whole cache. The arithmetic is keras-hub's (same norms, rotary embedding and masks: padding, causal, sliding
 window); only the order of the sums differs.
 
-The step's matrix products read `step_weights`: the same kernels fused where they share an input,
-laid out (out, in) and, by default, in bfloat16 with float32 accumulation. One token per row makes
-every product a matrix-vector one whose cost is reading the weights; on a CPU with AVX512-BF16 or
-AMX that halves the bytes and the time (8 rows, measured here: the transformer's products 39 -> 17.5
-ms a step, the 262,144-token vocabulary projection 47 -> 24 ms). Prefill, and so the label
-probabilities, stays on keras-hub's layers in the model's own dtype.
+The step's matrix products read `step_weights`: keras-hub's own kernels, as they are laid out, by
+default in bfloat16 with float32 accumulation. One token per row makes every product a
+matrix-vector one whose cost is reading the weights; on a CPU with AVX512-BF16 or AMX that halves
+the bytes and the time (8 rows, measured here: the transformer's products 39 -> 17.5 ms a step, the
+262,144-token vocabulary projection 47 -> 24 ms). A model served in bfloat16 so keeps its weights
+once: the step reads the very arrays the prefill does (they were a second, fused and transposed
+copy until 2026-11-29: ~190 MiB for Gemma 3 270M). Prefill, and so the label probabilities, stays
+on keras-hub's layers in the model's own dtype.
 """
 
 from __future__ import annotations
@@ -41,29 +43,31 @@ def to_head_major(cache):
     return tuple((jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2)) for k, v in cache)
 
 
-def step_weights(backbone, dtype="bfloat16", vocabulary=True):
-    """The one-token step's matrices from the backbone's kernels (LoRA included where enabled), each
-    (out, in) in `dtype`: query, key and value as one, the two gates as one, the vocabulary last
-    (`vocabulary=False`: without it, for a caller that takes the embedding as it is)."""
-    dim = backbone.hidden_dim
+def step_weights(backbone, dtype="bfloat16"):
+    """The one-token step's matrices: the backbone's kernels (LoRA included where enabled) in their
+    own layouts, and the token embedding as the vocabulary projection, in `dtype`. Those already in
+    `dtype` are the backbone's own arrays, not copies: call it outside `jax.jit` (a jitted
+    function's outputs are always new arrays)."""
 
-    def rows(kernel, axes):  # an EinsumDense kernel as (outputs, hidden_dim)
-        return jnp.transpose(jnp.asarray(kernel), axes).reshape(-1, dim)
+    def read(kernel):
+        kernel = jnp.asarray(kernel)
+        return kernel if kernel.dtype == dtype else kernel.astype(dtype)
 
-    layers = []
-    for layer in backbone.transformer_layers:
-        a = layer.attention
-        layers.append({
-            "qkv": jnp.concatenate([rows(a.query_dense.kernel, (0, 2, 1)), rows(a.key_dense.kernel, (0, 2, 1)),
-                                    rows(a.value_dense.kernel, (0, 2, 1))]).astype(dtype),
-            "out": jnp.transpose(jnp.asarray(a.output_dense.kernel), (2, 0, 1)).reshape(dim, -1).astype(dtype),
-            "gates": jnp.concatenate([jnp.asarray(layer.gating_ffw.kernel).T,
-                                      jnp.asarray(layer.gating_ffw_2.kernel).T]).astype(dtype),
-            "down": jnp.asarray(layer.ffw_linear.kernel).T.astype(dtype),
-        })
-    if not vocabulary:
-        return {"layers": layers}
-    return {"layers": layers, "vocabulary": jnp.asarray(backbone.token_embedding.embeddings).astype(dtype)}
+    layers = [{
+        "query": read(layer.attention.query_dense.kernel),  # (heads, hidden, head_dim)
+        "key": read(layer.attention.key_dense.kernel),  # (kv_heads, hidden, head_dim)
+        "value": read(layer.attention.value_dense.kernel),
+        "out": read(layer.attention.output_dense.kernel),  # (heads, head_dim, hidden)
+        "gate": read(layer.gating_ffw.kernel),  # (hidden, intermediate)
+        "linear": read(layer.gating_ffw_2.kernel),
+        "down": read(layer.ffw_linear.kernel),  # (intermediate, hidden)
+    } for layer in backbone.transformer_layers]
+    return {"layers": layers, "vocabulary": read(backbone.token_embedding.embeddings)}
+
+
+def product(equation, x, weight):
+    """`jnp.einsum(equation, x, weight)` in the weight's dtype, accumulating in float32."""
+    return jnp.einsum(equation, x.astype(weight.dtype), weight, preferred_element_type=jnp.float32)
 
 
 def project(x, weight):
@@ -78,8 +82,8 @@ def attend(attention, weights, x, cache, index, key_mask):
     k_cache, v_cache = cache
     batch = x.shape[0]
     heads, groups, dim = attention.num_query_heads, attention.num_key_value_heads, attention.head_dim
-    query, key, value = jnp.split(project(x, weights["qkv"]).reshape(batch, 1, heads + 2 * groups, dim),
-                                  [heads, heads + groups], axis=2)
+    query = product("btd,ndh->btnh", x, weights["query"])
+    key, value = product("btd,kdh->btkh", x, weights["key"]), product("btd,kdh->btkh", x, weights["value"])
     if attention.use_query_key_norm:
         query, key = attention.query_norm(query), attention.key_norm(key)
     query, key = compat.apply_rope(attention, query, index), compat.apply_rope(attention, key, index)
@@ -106,7 +110,7 @@ def attend(attention, weights, x, cache, index, key_mask):
     shares = shares.astype(v_cache.dtype)
     out = (jnp.einsum("bkgt,bkth->bkgh", shares[..., :-1], v_cache, preferred_element_type=jnp.float32)
            + shares[..., -1:] * value)
-    out = project(out.reshape(batch, 1, heads * dim), weights["out"])
+    out = product("btnh,nhd->btd", out.reshape(batch, 1, heads, dim), weights["out"])
     k_cache = jax.lax.dynamic_update_slice(k_cache, key, (0, 0, slot, 0))
     v_cache = jax.lax.dynamic_update_slice(v_cache, value, (0, 0, slot, 0))
     return out, (k_cache, v_cache)
@@ -147,8 +151,9 @@ def decoder_block(layer, weights, x, cache, index, key_mask):
     if layer.use_post_attention_norm:
         attended = layer.post_attention_norm(attended)
     x = x + attended
-    gate, linear = jnp.split(project(layer.pre_ffw_norm(x), weights["gates"]), 2, axis=-1)
-    y = project(keras.activations.gelu(gate, approximate=True) * linear, weights["down"])
+    normed = layer.pre_ffw_norm(x)
+    gate, linear = product("btd,df->btf", normed, weights["gate"]), product("btd,df->btf", normed, weights["linear"])
+    y = product("btf,fd->btd", keras.activations.gelu(gate, approximate=True) * linear, weights["down"])
     if layer.use_post_ffw_norm:
         y = layer.post_ffw_norm(y)
     return x + y, cache

@@ -42,6 +42,7 @@ from chatlens.quiet import native_noise_filtered
 from pipeline.model.decoding.calibration import LabelCalibration
 from pipeline.model.loading.deferred_weights import build_unfilled, settle
 from pipeline.model.loading.keras_import import has_tensorflow, import_keras_hub
+from pipeline.model.loading.narrowed_reads import reads_narrowed
 from pipeline.model.training.adapters import (ADAPTER_SUFFIX, SHIPPED_ADAPTER, AdapterServing, adapter_name,
                                               load_adapter)
 from pipeline.model.types import ModelSpecError
@@ -87,7 +88,8 @@ class ModelSource:
             else:
                 backbone = build_unfilled(
                     lambda: keras_hub.models.Backbone.from_preset(self.preset, dtype=dtype, load_weights=False))
-                backbone.load_weights(weights)
+                with reads_narrowed(dtype):  # no float32 copy of the vocabulary for a bfloat16 model
+                    backbone.load_weights(weights)
                 settle(backbone)
             if has_tensorflow():
                 return keras_hub.models.CausalLM.from_preset(self.preset, backbone=backbone, load_weights=False)
