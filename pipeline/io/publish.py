@@ -9,7 +9,6 @@ from typing import Any
 import apache_beam as beam
 from google.api_core import exceptions, retry
 
-
 from pipeline.io.leases import LEASES
 from pipeline.metrics import Counter
 from pipeline.transforms.records import Output
@@ -24,7 +23,8 @@ PUBLISH_RETRY = retry.Retry(
     predicate=retry.if_exception_type(
         exceptions.NotFound, exceptions.ServiceUnavailable, exceptions.DeadlineExceeded,
         exceptions.InternalServerError, exceptions.Aborted, exceptions.Unknown, exceptions.ResourceExhausted))
-"""The client's own retry, plus NotFound: a Pub/Sub server that restarted serves no topics until its
+"""The errors the client's own publish retry retries (less Cancelled), plus NotFound, backing off to
+10 s (the client's default waits up to 60 s between tries): a Pub/Sub server that restarted serves no topics until its
 layout is made again (the emulator forgets them, an operator re-creates one), and a bundle that gave up
 at once would be retried by the runner only a few times before the pipeline fails."""
 

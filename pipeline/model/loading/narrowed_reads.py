@@ -41,7 +41,7 @@ def reads_narrowed(dtype: str) -> Iterator[None]:
 
 
 def _narrowed(read_whole, dataset):
-    if dataset.dtype != np.float32 or dataset.size < LARGE or not dataset.shape:
+    if dataset.dtype != np.float32 or dataset.size < LARGE:
         return read_whole()
     import ml_dtypes
 

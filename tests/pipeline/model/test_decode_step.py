@@ -169,25 +169,18 @@ def test_a_model_served_in_the_steps_dtype_keeps_its_weights_once(model_cache):
     step's dtype (serving's bfloat16) they are the very arrays the prefill reads, not a second,
     transposed copy (~190 MiB for Gemma 3 270M); only another dtype makes a copy. The one-pass
     decoder builds them outside jit, whose outputs would always be new arrays."""
-    import keras
-    import keras_hub
-
     from pipeline.model.decoding.one_pass import OnePassDecoder
     from tests.support.models import tiny_gemma_lm
 
-    keras.utils.set_random_seed(5)
-    backbone = keras_hub.models.Gemma3Backbone(
-        vocabulary_size=64, image_size=None, num_layers=2, num_query_heads=4, num_key_value_heads=2,
-        hidden_dim=32, intermediate_dim=64, head_dim=8, query_head_dim_normalize=True, use_query_key_norm=True,
-        use_post_ffw_norm=True, use_post_attention_norm=True, attention_logit_soft_cap=None,
-        final_logit_soft_cap=None, dtype="bfloat16")
+    lm = tiny_gemma_lm(model_cache, dtype="bfloat16")
+    backbone = lm.backbone
     own = {id(v.value) for v in backbone.weights}
     weights = step_weights(backbone)
     arrays = [weights["vocabulary"], *(a for layer in weights["layers"] for a in layer.values())]
     assert all(id(a) in own for a in arrays)
     assert not any(id(a) in own for layer in step_weights(backbone, "float32")["layers"] for a in layer.values())
 
-    decoder = OnePassDecoder(tiny_gemma_lm(model_cache, dtype="bfloat16"))
+    decoder = OnePassDecoder(lm)
     state = decoder._state()
     held = {id(a) for part in state for a in part}
     served = decoder._weights(state)
