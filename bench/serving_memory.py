@@ -6,7 +6,7 @@ the RSS after it and the peak during it (Linux's VmHWM, reset before each stage)
 JAX arrays by dtype, whether TensorFlow or the trainer were imported, and the analyses as JSON
 (to compare two versions' outputs).
 
-    .venv/bin/python bench/serving_memory.py [--chats 4] [--model gemma3-270m]
+    .venv/bin/python bench/serving_memory.py [--chats 4] [--batch-size N] [--model gemma3-270m]
 """
 
 from __future__ import annotations
@@ -44,6 +44,8 @@ def reset_peak() -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--chats", type=int, default=4)
+    parser.add_argument("--batch-size", type=int, default=None,
+                        help="chats per call of the engine (default: all of them in one call)")
     parser.add_argument("--model", default="gemma3-270m")
     parser.add_argument("--data", type=Path, default=ROOT / "data" / "dev.jsonl")
     args = parser.parse_args()
@@ -70,8 +72,13 @@ def main() -> int:
     from pipeline.model.backends.gemma.engine import load_engine
 
     engine = stage("load engine", lambda: load_engine(ModelOptions(model=args.model)))
-    first = stage(f"analyze {len(chats)} (first)", lambda: engine.analyze(chats, "all"))
-    second = stage(f"analyze {len(chats)} (again)", lambda: engine.analyze(chats, "all"))
+    size = args.batch_size or len(chats)
+
+    def analyze():
+        return [a for start in range(0, len(chats), size) for a in engine.analyze(chats[start : start + size], "all")]
+
+    first = stage(f"analyze {len(chats)} (first)", analyze)
+    second = stage(f"analyze {len(chats)} (again)", analyze)
     assert first == second, "the second run differs from the first"
 
     import jax

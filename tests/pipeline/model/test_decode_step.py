@@ -164,6 +164,27 @@ def test_a_decoding_loop_makes_no_float32_copy_of_a_bfloat16_vocabulary():
     np.testing.assert_array_equal(np.asarray(embed(backbone, ids), "float32"), np.asarray(expected, "float32"))
 
 
+def test_one_rows_vocabulary_projection_makes_no_float32_copy_of_the_table():
+    """For a single row XLA's CPU backend multiplies by a float32 conversion of the whole bfloat16
+    table (641 MiB for Gemma 3 270M's vocabulary; a decoding loop hoists it and holds it), which
+    every chat served alone met. `project` computes one row as two; its logits are the two-row
+    product's. The conversion only shows at the real vocabulary's size (random values)."""
+    import jax
+
+    from pipeline.model.decoding.step import product, project
+
+    vocabulary, hidden = 262_144, 640
+    keys = jax.random.split(jax.random.PRNGKey(5))
+    table = jax.random.normal(keys[0], (vocabulary, hidden), "bfloat16")
+    row = jax.random.normal(keys[1], (1, 1, hidden), "float32")  # the prefill's last position of one chat
+    compiled = jax.jit(project).lower(row, table).compile()
+    assert f"f32[{vocabulary},{hidden}]" not in compiled.as_text()
+    assert compiled.memory_analysis().temp_size_in_bytes < 16 * 2**20
+    logits = project(row, table)
+    assert logits.shape == (1, 1, vocabulary)
+    np.testing.assert_array_equal(np.asarray(logits), np.asarray(product("btd,vd->btv", jnp.concatenate([row, row]), table)[:1]))
+
+
 def test_a_model_served_in_the_steps_dtype_keeps_its_weights_once(model_cache):
     """The step reads the backbone's own kernels, in their own layouts: for a model already in the
     step's dtype (serving's bfloat16) they are the very arrays the prefill reads, not a second,
