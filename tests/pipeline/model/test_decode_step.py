@@ -167,14 +167,14 @@ def test_a_decoding_loop_makes_no_float32_copy_of_a_bfloat16_vocabulary():
 def test_one_rows_vocabulary_projection_makes_no_float32_copy_of_the_table():
     """For a single row XLA's CPU backend multiplies by a float32 conversion of the whole bfloat16
     table (641 MiB for Gemma 3 270M's vocabulary; a decoding loop hoists it and holds it), which
-    every chat served alone met. `project` computes one row as two; its logits are the two-row
-    product's. The conversion only shows at the real vocabulary's size (random values)."""
+    every chat served alone met. `project` computes one row as two; a chat alone gets the logits it
+    gets beside another chat. The conversion only shows at the real vocabulary's size (random values)."""
     import jax
 
-    from pipeline.model.decoding.step import product, project
+    from pipeline.model.decoding.step import project
 
     vocabulary, hidden = 262_144, 640
-    keys = jax.random.split(jax.random.PRNGKey(5))
+    keys = jax.random.split(jax.random.PRNGKey(5), 3)
     table = jax.random.normal(keys[0], (vocabulary, hidden), "bfloat16")
     row = jax.random.normal(keys[1], (1, 1, hidden), "float32")  # the prefill's last position of one chat
     compiled = jax.jit(project).lower(row, table).compile()
@@ -182,7 +182,8 @@ def test_one_rows_vocabulary_projection_makes_no_float32_copy_of_the_table():
     assert compiled.memory_analysis().temp_size_in_bytes < 16 * 2**20
     logits = project(row, table)
     assert logits.shape == (1, 1, vocabulary)
-    np.testing.assert_array_equal(np.asarray(logits), np.asarray(product("btd,vd->btv", jnp.concatenate([row, row]), table)[:1]))
+    beside_another = project(jnp.concatenate([row, jax.random.normal(keys[2], row.shape, "float32")]), table)
+    np.testing.assert_array_equal(np.asarray(logits), np.asarray(beside_another[:1]))
 
 
 def test_a_model_served_in_the_steps_dtype_keeps_its_weights_once(model_cache):
