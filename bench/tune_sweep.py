@@ -1,4 +1,4 @@
-"""LoRA hyperparameter sweep on dev, for a machine with an accelerator but no tokenizer stack.
+"""Tuning sweep on dev (LoRA, or the blocks in full), for a machine with an accelerator but no tokenizer stack.
 
 Two halves, so the GPU side needs only JAX, Keras, keras-hub and gguf (no TensorFlow):
   here:  python bench/tune_sweep.py export --out seqs.npz       (tokenized train and dev, loss masks)
@@ -6,6 +6,8 @@ Two halves, so the GPU side needs only JAX, Keras, keras-hub and gguf (no Tensor
 The sweep tunes each (rank, learning rate) for `--epochs` epochs and records, per epoch, the
 train loss, the dev loss and the dev sentiment macro-F1 read from the label token. It saves,
 per config, the adapter of its best epoch by dev loss and prints one JSON line with every figure.
+A config `blocks:LR` trains the transformer blocks in full instead (`chatlens tune --train blocks`),
+the embedding frozen: its figures compare with the adapters', its 400 MB of weights are not saved.
 `chatlens tune --rank R --learning-rate LR --epochs E [--lora-targets NAMES]` then reproduces the
 chosen run on any machine (same seed, same batches: batch order depends on --batch-tokens, keep it equal).
 """
@@ -69,7 +71,7 @@ def sweep(args: argparse.Namespace) -> None:
 
     from pipeline.model.decoding.state import stateless_scope
     from pipeline.model.loading.gguf_convert import backbone_from_gguf
-    from pipeline.model.training.trainer import LoraTrainer, epoch_batches, steps_per_epoch
+    from pipeline.model.training.trainer import BlockTrainer, LoraTrainer, epoch_batches, steps_per_epoch
     from pipeline.scoring import sentiment_scores
 
     data = dict(np.load(args.sequences))
@@ -89,7 +91,10 @@ def sweep(args: argparse.Namespace) -> None:
         backbone = backbone_from_gguf(gguf.GGUFReader(args.gguf), progress=False)
         print(json.dumps({"config": config, "load_seconds": round(time.perf_counter() - loading, 1)}), flush=True)
         steps = steps_per_epoch(train, args.batch_tokens, args.seed, buckets) * args.epochs
-        trainer = LoraTrainer(backbone, int(rank), float(lr), steps, args.seed, targets=args.lora_targets)
+        if rank == "blocks":
+            trainer = BlockTrainer(backbone, float(lr), steps, args.seed)
+        else:
+            trainer = LoraTrainer(backbone, int(rank), float(lr), steps, args.seed, targets=args.lora_targets)
 
         @jax.jit
         def label_logits(trainable, frozen, batch):
@@ -114,7 +119,7 @@ def sweep(args: argparse.Namespace) -> None:
                             "dev_loss": round(dev_loss, 4), "dev_macro_f1": f1,
                             "seconds": round(time.perf_counter() - started, 1)})
             print(json.dumps({"config": config, **history[-1]}), flush=True)
-            if not any(h["dev_loss"] < dev_loss for h in history[:-1]):
+            if rank != "blocks" and not any(h["dev_loss"] < dev_loss for h in history[:-1]):
                 trainer.sync()  # each config keeps its best epoch's adapter
                 backbone.save_lora_weights(str(args.out / f"r{rank}-lr{lr}.lora.h5"))
             if best is None or dev_loss < best[0]:
@@ -138,7 +143,7 @@ def main() -> None:
     s.add_argument("--gguf", type=Path, required=True)
     s.add_argument("--sequences", type=Path, required=True)
     s.add_argument("--out", type=Path, required=True)
-    s.add_argument("--configs", nargs="+", default=["16:5e-4", "16:2e-4", "8:1e-3"], help="rank:learning_rate")
+    s.add_argument("--configs", nargs="+", default=["16:5e-4", "16:2e-4", "8:1e-3"], help="rank:learning_rate, or blocks:learning_rate (the blocks in full)")
     s.add_argument("--epochs", type=int, default=3)
     s.add_argument("--lora-targets", type=layer_names, default=",".join(DEFAULT_LORA_TARGETS), metavar="NAMES",
                    help="as `chatlens tune --lora-targets` (default: %(default)s)")

@@ -1,4 +1,5 @@
-"""Tune the embedded Gemma on the corpus (LoRA): writes an adapter and its manifest.
+"""Tune the embedded Gemma on the corpus: writes a LoRA adapter and its manifest, or (`--train
+blocks`) a whole tuned model as a preset directory.
 
 Trains on `data/train.jsonl` (plus, with `--from-dashboard`, what staff taught the
 dashboard: corrected labels and approved or edited replies), one sequence per chat in the
@@ -13,6 +14,9 @@ no dev figure falls (`--force` replaces it anyway); the run says which figure fe
 A checkpoint is written every `--checkpoint-every` steps; `--resume` continues from it.
 `--start-from` begins at an earlier adapter instead of a fresh LoRA, so an adapter can gain
 epochs a run at a time (its manifest keeps the earlier runs under `started_from`).
+`--train blocks` trains every weight of the transformer blocks in full, the embedding frozen (about
+100M weights against LoRA's few million): `--out` is then a directory, written as a keras-hub preset
+that `--model DIR` serves as a tuned model, with its manifest in `DIR/manifest.json`.
 """
 
 from __future__ import annotations
@@ -42,6 +46,10 @@ GUARDED = {("sentiment", "macro_f1"): True, ("sentiment", "ece"): False, ("summa
            ("reply", "in_language"): True, ("injection", "held"): True}
 
 
+TRAINED = ("lora", "blocks")
+LEARNING_RATE = {"lora": 1e-3, "blocks": 5e-5}
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="gemma3-270m-base",
                         help="base model spec to tune (default: %(default)s, the embedded Gemma 3 270M)")
@@ -54,13 +62,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "reply only, the chat's gold label and summary as its context): 'add' to the train chats, "
                              "or 'only' those (e.g. to give an adapter them alone with --start-from)")
     parser.add_argument("--out", type=Path, default=SHIPPED_ADAPTER,
-                        help="adapter file to write, ending in .lora.h5 (default: the shipped adapter)")
+                        help="adapter file to write, ending in .lora.h5; with --train blocks, a directory for the whole model "
+                             "(default: the shipped adapter)")
+    parser.add_argument("--train", choices=TRAINED, default="lora",
+                        help="what is trained: 'lora', an adapter on the --lora-targets layers, or 'blocks', every "
+                             "weight of the transformer blocks with the embedding frozen, written as a whole model "
+                             "(a preset directory at --out) (default: %(default)s)")
     parser.add_argument("--rank", type=int, default=16, help="LoRA rank (default: %(default)s)")
     parser.add_argument("--lora-targets", type=layer_names, default=",".join(DEFAULT_LORA_TARGETS), metavar="NAMES",
                         help="comma-separated names of the layers LoRA trains: keras-hub's attention query and "
                              "value, and for more capacity the feed-forward ffw_gating, ffw_gating_2, ffw_linear "
                              "(default: %(default)s)")
-    parser.add_argument("--learning-rate", type=float, default=1e-3, help="peak learning rate (default: %(default)s)")
+    parser.add_argument("--learning-rate", type=float,
+                        help="peak learning rate (default: 1e-3 for lora, 5e-5 for blocks)")
     parser.add_argument("--epochs", type=int, default=2,
                         help="most passes over the training data; the epoch with the lowest dev loss is kept "
                              "(default: %(default)s)")
@@ -131,10 +145,9 @@ def run(args: argparse.Namespace) -> int:
     from pipeline.model.training.adapters import load_adapter
     from pipeline.model.training.format import LATEST_FORMAT
 
-    try:
-        name = adapter_name(args.out)
-    except ModelSpecError as error:
-        raise SystemExit(f"--out: {error}") from None
+    name = output_name(args)
+    if args.learning_rate is None:
+        args.learning_rate = LEARNING_RATE[args.train]
     started = time.perf_counter()
     lm, source = load_causal_lm(args.model, cache_dir=args.model_cache or get_settings().cache)
     # The engine the pipeline will run, over the model being tuned: its format and its dev figures.
@@ -147,7 +160,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         manifest = train(args, lm, engine, dev)
         manifest["base_model"], manifest["base_spec"] = source.model_id, args.model
-        manifest.update(served_styles(args.out))
+        manifest.update(served_styles(args.out if args.train == "lora" else SHIPPED_ADAPTER))
     manifest["prompt_format"] = prompt_format
     manifest["label_calibration"] = calibrate(engine, dev)
     manifest["dev"] = dev_figures(engine, dev)
@@ -155,16 +168,32 @@ def run(args: argparse.Namespace) -> int:
     manifest["machine"] = {"platform": platform.platform(), "cpus": os.cpu_count(),
                            "devices": sorted({d.device_kind for d in __import__("jax").devices()})}
     manifest["created_at"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    if args.train == "blocks":
+        return publish_model(lm, manifest, args.out, args.force)
     return publish(None if args.recalibrate else lm.backbone, manifest, args.out, args.force)
 
 
+def output_name(args: argparse.Namespace) -> str:
+    """The adapter's or model's name from `--out`, or a clear error where `--out` does not fit `--train`."""
+    if args.train == "blocks":
+        if args.out == SHIPPED_ADAPTER or args.out.name.endswith(".lora.h5"):
+            raise SystemExit("--train blocks writes a whole model: give --out DIR, a directory for its preset")
+        if args.start_from or args.recalibrate:
+            raise SystemExit("--train blocks: --start-from and --recalibrate are for LoRA adapters")
+        return args.out.name
+    try:
+        return adapter_name(args.out)
+    except ModelSpecError as error:
+        raise SystemExit(f"--out: {error}") from None
+
+
 def train(args: argparse.Namespace, lm, engine, dev: list[Example]) -> dict:
-    """LoRA-tune `lm` in place (the epoch of lowest dev loss kept); what the manifest says of it."""
+    """Tune `lm` in place (the epoch of lowest dev loss kept); what the manifest says of it."""
     import numpy as np
     from tqdm import tqdm
 
     from pipeline.model.training.format import training_sequence
-    from pipeline.model.training.trainer import LoraTrainer, epoch_batches, steps_per_epoch
+    from pipeline.model.training.trainer import BlockTrainer, LoraTrainer, epoch_batches, steps_per_epoch
 
     vocabulary = engine.decoder.vocabulary
     train_set, training_data = training_examples(args)
@@ -173,7 +202,10 @@ def train(args: argparse.Namespace, lm, engine, dev: list[Example]) -> dict:
     dev_seqs = [encode(e) for e in dev]
     epoch_steps = steps_per_epoch(train_seqs, args.batch_tokens, args.seed)
     total = epoch_steps * args.epochs
-    trainer = LoraTrainer(lm.backbone, args.rank, args.learning_rate, total, args.seed, targets=args.lora_targets)
+    if args.train == "blocks":
+        trainer = BlockTrainer(lm.backbone, args.learning_rate, total, args.seed)
+    else:
+        trainer = LoraTrainer(lm.backbone, args.rank, args.learning_rate, total, args.seed, targets=args.lora_targets)
     args.checkpoint_dir.mkdir(parents=True, exist_ok=True)
     checkpoint = args.checkpoint_dir / "checkpoint.npz"
     best_epoch = args.checkpoint_dir / "best-epoch.npz"  # the adapter of the lowest dev loss so far
@@ -232,7 +264,10 @@ def train(args: argparse.Namespace, lm, engine, dev: list[Example]) -> dict:
     return {
         "adapter": args.out.name,
         "training_data": training_data,
-        "hyperparameters": {"rank": args.rank, "targets": list(args.lora_targets), "learning_rate": args.learning_rate,
+        "trained": args.train,
+        "hyperparameters": {**({"rank": args.rank, "targets": list(args.lora_targets)} if args.train == "lora" else
+                               {"trained": "transformer blocks and norms in full, embedding frozen"}),
+                            "learning_rate": args.learning_rate,
                             "epochs": args.epochs, "batch_tokens": args.batch_tokens, "optimizer": "AdamW, cosine decay, 5% warm-up",
                             "max_prompt_tokens": engine.decoder.max_prompt_tokens},
         "seed": args.seed,
@@ -334,4 +369,32 @@ def publish(backbone, manifest: dict, out: Path, force: bool) -> int:
     manifest["adapter_sha256"] = hashlib.sha256(out.read_bytes()).hexdigest()
     current.write_text(json.dumps(manifest, indent=2) + "\n")
     print(f"wrote {out} and {current.name}: dev {json.dumps(manifest['dev'])}", file=sys.stderr)
+    return 0
+
+
+def publish_model(lm, manifest: dict, out: Path, force: bool) -> int:
+    """Write a `--train blocks` model as a keras-hub preset at `out` (with the marker that makes
+    `--model out` serve it as a tuned model) and its manifest, unless a dev figure fell against the
+    model already there."""
+    import shutil
+
+    from pipeline.model.loading.sources import MARKER
+
+    current = out / "manifest.json"
+    if current.exists() and not force:
+        worse = fell(json.loads(current.read_text())["dev"], manifest["dev"])
+        if worse:
+            print("not replacing the model there: dev figures fell: " + "; ".join(worse), file=sys.stderr)
+            return 3
+    partial = out.with_name(out.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    lm.save_to_preset(str(partial))
+    serving = AdapterServing.from_json(manifest)
+    marker = {"model_id": f"{manifest['base_model']}+{out.name}", "instruction_tuned": False, "tuned": True,
+              **serving.to_json()}
+    (partial / MARKER).write_text(json.dumps(marker, indent=2) + "\n")
+    (partial / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    shutil.rmtree(out, ignore_errors=True)
+    partial.replace(out)
+    print(f"wrote the model {out} (serve it with --model {out}): dev {json.dumps(manifest['dev'])}", file=sys.stderr)
     return 0

@@ -1,4 +1,5 @@
-"""LoRA tuning of a keras-hub Gemma on the corpus, with a jitted JAX step.
+"""Tuning a keras-hub Gemma on the corpus, with a jitted JAX step: LoRA (`LoraTrainer`, the default)
+or the transformer blocks in full with the embedding frozen (`BlockTrainer`, more capacity).
 
 keras-hub's `fit` goes through the causal-LM preprocessor, whose tf.data tracing fails with
 the tokenizer rebuilt from GGUF; so sequences are tokenized in Python (`chat_format`) and
@@ -113,17 +114,16 @@ def length_batches(sequences: Sequence[TrainingSequence], batch_tokens: int, see
     return batches
 
 
-class LoraTrainer:
-    """A Gemma backbone with LoRA enabled, an AdamW optimizer and jitted train and loss steps.
+class Trainer:
+    """A Gemma backbone with some weights trainable (`_make_trainable`), an AdamW optimizer and jitted
+    train and loss steps. It needs the backbone alone (no tokenizer): sequences arrive as token ids."""
 
-    It needs the backbone alone (no tokenizer): sequences arrive as token ids.
-    """
+    KIND = ""  # names the trained arrays in a checkpoint
 
-    def __init__(self, backbone, rank: int, learning_rate: float, total_steps: int, seed: int,
-                 warmup_steps: int | None = None, targets: Sequence[str] = DEFAULT_LORA_TARGETS):
+    def __init__(self, backbone, learning_rate: float, total_steps: int, seed: int, warmup_steps: int | None = None):
         keras.utils.set_random_seed(seed)
         self.backbone = backbone
-        backbone.enable_lora(rank, target_layer_names=list(targets))
+        self._make_trainable(backbone)
         warmup = warmup_steps if warmup_steps is not None else max(1, total_steps // 20)
         schedule = keras.optimizers.schedules.CosineDecay(
             0.0, decay_steps=max(1, total_steps - warmup), warmup_target=learning_rate, warmup_steps=warmup)
@@ -134,6 +134,9 @@ class LoraTrainer:
         self.optimizer_state = [v.value for v in self.optimizer.variables]
         self._step = jax.jit(self._train_step)
         self._loss = jax.jit(self._batch_loss)
+
+    def _make_trainable(self, backbone) -> None:
+        raise NotImplementedError
 
     # ---- the model as a pure function -----------------------------------------------------------
     def _nll(self, trainable, frozen, batch: Batch):
@@ -171,26 +174,51 @@ class LoraTrainer:
             total, count = total + mean * n, count + n
         return total / count if count else float("nan")
 
-    def start_from(self, adapter: str) -> None:
-        """Begin at a saved adapter's LoRA weights (same rank) instead of a fresh LoRA; layers it
-        lacks (targets this run adds) start fresh, changing nothing until trained."""
-        load_adapter(self.backbone, adapter)
-        self.trainable = [v.value for v in self.backbone.trainable_variables]
-
     def sync(self) -> None:
         """Write the trained values back into the Keras variables (before saving or decoding)."""
         for variable, value in zip(self.backbone.trainable_variables, self.trainable):
             variable.assign(value)
 
     def state(self) -> dict[str, np.ndarray]:
-        arrays = {f"lora/{i}": np.asarray(v) for i, v in enumerate(self.trainable)}
+        arrays = {f"{self.KIND}/{i}": np.asarray(v) for i, v in enumerate(self.trainable)}
         arrays.update({f"optimizer/{i}": np.asarray(v) for i, v in enumerate(self.optimizer_state)})
         return arrays
 
     def restore(self, arrays: dict[str, np.ndarray]) -> None:
-        self.trainable = [jnp.asarray(arrays[f"lora/{i}"]) for i in range(len(self.trainable))]
+        self.trainable = [jnp.asarray(arrays[f"{self.KIND}/{i}"]) for i in range(len(self.trainable))]
         self.optimizer_state = [jnp.asarray(arrays[f"optimizer/{i}"]) for i in range(len(self.optimizer_state))]
         self.sync()
+
+
+class LoraTrainer(Trainer):
+    """LoRA of `rank` on the layers named `targets`; everything else frozen."""
+
+    KIND = "lora"
+
+    def __init__(self, backbone, rank: int, learning_rate: float, total_steps: int, seed: int,
+                 warmup_steps: int | None = None, targets: Sequence[str] = DEFAULT_LORA_TARGETS):
+        self.rank, self.targets = rank, tuple(targets)
+        super().__init__(backbone, learning_rate, total_steps, seed, warmup_steps)
+
+    def _make_trainable(self, backbone) -> None:
+        backbone.enable_lora(self.rank, target_layer_names=list(self.targets))
+
+    def start_from(self, adapter: str) -> None:
+        """Begin at a saved adapter's LoRA weights (same rank) instead of a fresh LoRA; layers it
+        lacks (targets this run adds) start fresh, changing nothing until trained."""
+        load_adapter(self.backbone, adapter)
+        self.trainable = [v.value for v in self.backbone.trainable_variables]
+
+
+class BlockTrainer(Trainer):
+    """Every weight of the transformer blocks and norms trained in full; the token embedding (the
+    262,144-token vocabulary, also the output layer) frozen. About 100M weights against LoRA's few
+    million: more capacity, and a whole model to save (`save_to_preset`), not an adapter."""
+
+    KIND = "blocks"
+
+    def _make_trainable(self, backbone) -> None:
+        backbone.token_embedding.trainable = False
 
 
 def _arrays(batch: Batch) -> Batch:

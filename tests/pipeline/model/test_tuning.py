@@ -15,7 +15,7 @@ from pipeline.corpus import DATA_DIR, load_examples
 from pipeline.model.training.adapters import AdapterServing
 from pipeline.model.training.format import REPLY_CHARS, training_sequence
 from pipeline.model.decoding.one_pass import OnePassDecoder
-from pipeline.model.training.trainer import LoraTrainer, length_batches, pack
+from pipeline.model.training.trainer import BlockTrainer, LoraTrainer, length_batches, pack
 
 
 @pytest.fixture(scope="module")
@@ -122,6 +122,39 @@ def test_a_run_can_widen_an_adapter_to_the_feed_forward_layers_and_reload_it(tin
     with pytest.raises(ValueError, match="ffw_gating"):  # a narrower model cannot take it
         load_adapter(LoraTrainer(tiny_gemma_lm(model_cache).backbone, rank=4, learning_rate=1e-1, total_steps=1,
                                  seed=0).backbone, str(adapter))
+
+
+def test_block_tuning_trains_every_weight_but_the_embedding_and_resumes_from_its_checkpoint(model_cache, chats):
+    seqs = sequences(OnePassDecoder(tiny_gemma_lm(model_cache)), chats)
+    batches = [pack([seqs[i] for i in b]) for b in length_batches(seqs, 4096, seed=0)]
+    lm = tiny_gemma_lm(model_cache)
+    embedding = np.asarray(lm.backbone.token_embedding.embeddings.value).copy()
+    blocks = {w.path: np.asarray(w.value).copy() for w in lm.backbone.weights if "embedding" not in w.path}
+    trainer = BlockTrainer(lm.backbone, learning_rate=1e-2, total_steps=4 * len(batches), seed=0, warmup_steps=1)
+    assert sum(v.size for v in trainer.trainable) == sum(w.size for w in blocks.values())  # all but the embedding
+    before = trainer.loss(iter(batches))
+    for _ in range(2):
+        for batch in batches:
+            trainer.step(batch)
+    checkpoint = trainer.state()
+    for _ in range(2):
+        for batch in batches:
+            trainer.step(batch)
+    after = trainer.loss(iter(batches))
+    assert after < before - 5e-3, (before, after)
+    trainer.sync()
+    np.testing.assert_array_equal(np.asarray(lm.backbone.token_embedding.embeddings.value), embedding)
+    moved = [path for path, value in blocks.items()
+             if not np.array_equal(np.asarray(next(w for w in lm.backbone.weights if w.path == path).value), value)]
+    assert len(moved) == len(blocks), sorted(set(blocks) - set(moved))  # every kernel and norm of the blocks trained
+    # `chatlens tune --resume`: a fresh trainer restored from the checkpoint goes on to the same weights.
+    resumed = BlockTrainer(tiny_gemma_lm(model_cache).backbone, learning_rate=1e-2, total_steps=4 * len(batches),
+                           seed=0, warmup_steps=1)
+    resumed.restore(checkpoint)
+    for _ in range(2):
+        for batch in batches:
+            resumed.step(batch)
+    assert resumed.loss(iter(batches)) == pytest.approx(after, abs=1e-5)
 
 
 def last_logits(lm, tokens: list[int], width: int):
@@ -502,6 +535,41 @@ def test_tune_from_dashboard_learns_what_staff_taught_and_never_replaces_a_bette
         main(tune + ["--start-from", str(adapter), "--out", str(later), "--rank", "4"])
     with pytest.raises(SystemExit, match="--start-from: adapter .*: not a .lora.h5 file"):
         main(tune + ["--start-from", str(tmp_path / "tiny-preset"), "--out", str(later)])
+
+
+@pytest.mark.slow  # the whole `chatlens tune --train blocks` on a tiny preset
+def test_tune_blocks_writes_a_whole_model_that_serves_as_a_tuned_one(model_cache, tmp_path):
+    import json
+
+    from cli.main import main
+    from pipeline.model.loading.sources import resolve_model
+    from pipeline.model.training.adapters import SHIPPED_ADAPTER, AdapterServing
+
+    preset = tmp_path / "tiny-preset"
+    base = tiny_gemma_lm(model_cache)
+    base.save_to_preset(str(preset))
+    out = tmp_path / "blocks-model"
+    tune = ["tune", "--train", "blocks", "--model", str(preset), "--model-cache", str(model_cache), "--limit", "2",
+            "--dev-limit", "2", "--epochs", "1", "--learning-rate", "1e-2", "--out", str(out),
+            "--checkpoint-dir", str(tmp_path / "ckpt"), "--batch-tokens", "256"]
+    assert main(tune) == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["trained"] == "blocks" and manifest["hyperparameters"]["learning_rate"] == 1e-2
+    assert set(manifest["label_calibration"]) == {"bias", "temperature", "fitted_on"}
+    source = resolve_model(str(out), model_cache)
+    shipped = AdapterServing.of(SHIPPED_ADAPTER)
+    assert source.tuned and source.model_id == "tiny-preset+blocks-model"  # served by the one-pass engine
+    assert (source.serving.summary_style, source.serving.reply_style) == (shipped.summary_style, shipped.reply_style)
+    assert source.serving.calibration.to_json() == {k: v for k, v in manifest["label_calibration"].items()
+                                                    if k != "fitted_on"}
+    tuned = source.load()
+    np.testing.assert_array_equal(np.asarray(tuned.backbone.token_embedding.embeddings.value),
+                                  np.asarray(base.backbone.token_embedding.embeddings.value))
+    ids = np.array([[2, 651, 6037, 563, 496, 1638]], "int32")
+    inputs = {"token_ids": ids, "padding_mask": np.ones_like(ids, bool)}
+    assert np.abs(np.asarray(tuned.backbone(inputs)) - np.asarray(base.backbone(inputs))).max() > 1e-3  # trained
+    with pytest.raises(SystemExit, match="--train blocks writes a whole model"):
+        main(tune[:-6] + ["--out", str(tmp_path / "x.lora.h5")])
 
 
 def test_second_replies_are_learnt_as_reply_only_examples_of_their_train_chats():
