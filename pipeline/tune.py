@@ -265,8 +265,7 @@ def train(args: argparse.Namespace, lm, engine, dev: list[Example]) -> dict:
         "adapter": args.out.name,
         "training_data": training_data,
         "trained": args.train,
-        "hyperparameters": {**({"rank": args.rank, "targets": list(args.lora_targets)} if args.train == "lora" else
-                               {"trained": "transformer blocks and norms in full, embedding frozen"}),
+        "hyperparameters": {**({"rank": args.rank, "targets": list(args.lora_targets)} if args.train == "lora" else {}),
                             "learning_rate": args.learning_rate,
                             "epochs": args.epochs, "batch_tokens": args.batch_tokens, "optimizer": "AdamW, cosine decay, 5% warm-up",
                             "max_prompt_tokens": engine.decoder.max_prompt_tokens},
@@ -352,15 +351,20 @@ def dev_figures(engine, dev: list[Example]) -> dict:
     return {"chats": len(dev), **figures}
 
 
+def dev_fell(current: Path, manifest: dict, what: str) -> bool:
+    """True, saying which, where a dev figure of `manifest` is worse than the one at `current` (if any)."""
+    worse = fell(json.loads(current.read_text())["dev"], manifest["dev"]) if current.exists() else []
+    if worse:
+        print(f"not replacing {what}: dev figures fell: " + "; ".join(worse), file=sys.stderr)
+    return bool(worse)
+
+
 def publish(backbone, manifest: dict, out: Path, force: bool) -> int:
     """Write the adapter and manifest, unless a dev figure fell against the current ones.
     Without a `backbone` (`--recalibrate`) the adapter file stays as it is: only the manifest changes."""
     current = manifest_path(out)
-    if current.exists() and not force:
-        worse = fell(json.loads(current.read_text())["dev"], manifest["dev"])
-        if worse:
-            print("not replacing the current adapter: dev figures fell: " + "; ".join(worse), file=sys.stderr)
-            return 3
+    if not force and dev_fell(current, manifest, "the current adapter"):
+        return 3
     out.parent.mkdir(parents=True, exist_ok=True)
     if backbone is not None:
         partial = out.with_name("partial-" + out.name)
@@ -381,11 +385,8 @@ def publish_model(lm, manifest: dict, out: Path, force: bool) -> int:
     from pipeline.model.loading.sources import MARKER
 
     current = out / "manifest.json"
-    if current.exists() and not force:
-        worse = fell(json.loads(current.read_text())["dev"], manifest["dev"])
-        if worse:
-            print("not replacing the model there: dev figures fell: " + "; ".join(worse), file=sys.stderr)
-            return 3
+    if not force and dev_fell(current, manifest, "the model there"):
+        return 3
     partial = out.with_name(out.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
     lm.save_to_preset(str(partial))
