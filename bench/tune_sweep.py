@@ -131,7 +131,7 @@ def sweep(args: argparse.Namespace) -> None:
 
 
 def main() -> None:
-    from pipeline.model.training import DEFAULT_LORA_TARGETS
+    from pipeline.model.training import SHIPPED_LORA_TARGETS
     from pipeline.model.training.trainer import TRAIN_BUCKETS
     from pipeline.tune import layer_names
 
@@ -145,7 +145,7 @@ def main() -> None:
     s.add_argument("--out", type=Path, required=True)
     s.add_argument("--configs", nargs="+", default=["16:5e-4", "16:2e-4", "8:1e-3"], help="rank:learning_rate, or blocks:learning_rate (the blocks in full)")
     s.add_argument("--epochs", type=int, default=3)
-    s.add_argument("--lora-targets", type=layer_names, default=",".join(DEFAULT_LORA_TARGETS), metavar="NAMES",
+    s.add_argument("--lora-targets", type=layer_names, default=",".join(SHIPPED_LORA_TARGETS), metavar="NAMES",
                    help="as `chatlens tune --lora-targets` (default: %(default)s)")
     s.add_argument("--batch-tokens", type=int, default=8192)
     s.add_argument("--seed", type=int, default=1234)

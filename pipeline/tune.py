@@ -34,7 +34,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from pipeline.corpus import DATA_DIR, SECOND_REPLIES, Example, load_split, second_replies, split_path, with_second_replies
-from pipeline.model.training import DEFAULT_LORA_TARGETS
+from pipeline.model.training import DEFAULT_LORA_TARGETS, SHIPPED_LORA_TARGETS
 from pipeline.model.training.adapters import SHIPPED_ADAPTER, AdapterServing, adapter_name, manifest_path
 from pipeline.model.types import ModelSpecError
 
@@ -69,10 +69,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "weight of the transformer blocks with the embedding frozen, written as a whole model "
                              "(a preset directory at --out) (default: %(default)s)")
     parser.add_argument("--rank", type=int, default=16, help="LoRA rank (default: %(default)s)")
-    parser.add_argument("--lora-targets", type=layer_names, default=",".join(DEFAULT_LORA_TARGETS), metavar="NAMES",
-                        help="comma-separated names of the layers LoRA trains: keras-hub's attention query and "
-                             "value, and for more capacity the feed-forward ffw_gating, ffw_gating_2, ffw_linear "
-                             "(default: %(default)s)")
+    parser.add_argument("--lora-targets", type=layer_names, default=",".join(SHIPPED_LORA_TARGETS), metavar="NAMES",
+                        help="comma-separated names of the layers LoRA trains, of keras-hub's attention query, key, "
+                             "value, attention_output and feed-forward ffw_gating, ffw_gating_2, ffw_linear "
+                             "(default: every one, the shipped adapter's recipe)")
     parser.add_argument("--learning-rate", type=float,
                         help="peak learning rate (default: 1e-3 for lora, 5e-5 for blocks)")
     parser.add_argument("--epochs", type=int, default=2,
@@ -160,7 +160,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         manifest = train(args, lm, engine, dev)
         manifest["base_model"], manifest["base_spec"] = source.model_id, args.model
-        manifest.update(served_styles(args.out if args.train == "lora" else SHIPPED_ADAPTER))
+        manifest.update(served_as(args.out if args.train == "lora" else SHIPPED_ADAPTER))
     manifest["prompt_format"] = prompt_format
     manifest["label_calibration"] = calibrate(engine, dev)
     manifest["dev"] = dev_figures(engine, dev)
@@ -262,7 +262,7 @@ def train(args: argparse.Namespace, lm, engine, dev: list[Example]) -> dict:
     print(f"keeping epoch {chosen} (lowest dev loss)", file=sys.stderr)
     trainer.sync()
     return {
-        "adapter": args.out.name,
+        ("adapter" if args.train == "lora" else "model"): args.out.name,
         "training_data": training_data,
         "trained": args.train,
         "hyperparameters": {**({"rank": args.rank, "targets": list(args.lora_targets)} if args.train == "lora" else {}),
@@ -277,14 +277,19 @@ def train(args: argparse.Namespace, lm, engine, dev: list[Example]) -> dict:
     }
 
 
-def served_styles(out: Path) -> dict:
-    """The summary and reply styles a new adapter is served in: those of the adapter it replaces
-    at `out`, else the shipped adapter's (the blind review chose them over the decoded texts; a
-    tune changes the model, not how its outputs reach staff). The dev figures stay the decoded
+def served_as(out: Path) -> dict:
+    """How a new model's outputs reach staff: the summary and reply styles and the offer policy of
+    the adapter it replaces at `out`, else the shipped adapter's. The blind review chose them (quoted
+    summaries, library drafts offered only where the pick is sure, none once an agent has answered);
+    a tune changes the model, not how its outputs are served. The dev figures stay the decoded
     texts' own, so they compare with the replaced adapter's."""
-    chosen = AdapterServing.of(out if manifest_path(out).exists() else SHIPPED_ADAPTER)
-    print(f"served as: summary_style {chosen.summary_style}, reply_style {chosen.reply_style}", file=sys.stderr)
-    return {"summary_style": chosen.summary_style, "reply_style": chosen.reply_style}
+    source = out if manifest_path(out).exists() else SHIPPED_ADAPTER
+    chosen = AdapterServing.of(source)
+    print(f"served as: summary_style {chosen.summary_style}, reply_style {chosen.reply_style}, "
+          f"offer_policy {chosen.offer_policy.to_json()}", file=sys.stderr)
+    policy = json.loads(manifest_path(source).read_text()).get("offer_policy")  # with its reasons (`chosen_on`)
+    return {"summary_style": chosen.summary_style, "reply_style": chosen.reply_style,
+            "offer_policy": policy or chosen.offer_policy.to_json()}
 
 
 def layer_names(text: str) -> tuple[str, ...]:

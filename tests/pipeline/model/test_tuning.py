@@ -500,12 +500,17 @@ def test_tune_from_dashboard_learns_what_staff_taught_and_never_replaces_a_bette
     shipped = AdapterServing.of(SHIPPED_ADAPTER)
     assert (manifest["summary_style"], manifest["reply_style"]) == (shipped.summary_style, shipped.reply_style)
     assert shipped.reply_style != "model"
+    # ... and offers drafts as it does: none once an agent has answered, none below its pick threshold.
+    assert AdapterServing.of(adapter).offer_policy == shipped.offer_policy and not shipped.offer_policy.after_agent
+    recipe = json.loads(manifest_path(SHIPPED_ADAPTER).read_text())["hyperparameters"]
+    assert manifest["hyperparameters"]["targets"] == recipe["targets"]  # the shipped recipe's layers by default
     # The data hash covers what staff taught: another correction is another training set.
     with TestClient(create_app(dashboard_settings(database_url))) as client:
         sign_in(client, tokens, "alice").post("/api/chats/untouched/sentiment", json={"corrected": "positive"})
     # The current adapter claims a better dev macro-F1 than this run can reach: it stays.
     manifest["dev"]["sentiment"]["macro_f1"] = 1.01
     manifest["summary_style"], manifest["reply_style"] = "model", "macro+opening"
+    manifest["offer_policy"] = {"reply_min_confidence": 0.25, "summary_min_confidence": 0.5, "after_agent": True}
     manifest_path(adapter).write_text(json.dumps(manifest))
     before = adapter.read_bytes()
     capsys.readouterr()
@@ -520,6 +525,7 @@ def test_tune_from_dashboard_learns_what_staff_taught_and_never_replaces_a_bette
     assert replaced["training_data"]["sha256"] != manifest["training_data"]["sha256"]
     assert set(replaced["label_calibration"]) == {"bias", "temperature", "fitted_on"}
     assert (replaced["summary_style"], replaced["reply_style"]) == ("model", "macro+opening")  # the replaced one's
+    assert replaced["offer_policy"] == manifest["offer_policy"]
     # --recalibrate refits the calibration and the dev figures; the adapter and its history stay.
     weights = adapter.read_bytes()
     assert main(tune + ["--recalibrate", "--force"]) == 0
@@ -560,6 +566,7 @@ def test_tune_blocks_writes_a_whole_model_that_serves_as_a_tuned_one(model_cache
     shipped = AdapterServing.of(SHIPPED_ADAPTER)
     assert source.tuned and source.model_id == "tiny-preset+blocks-model"  # served by the one-pass engine
     assert (source.serving.summary_style, source.serving.reply_style) == (shipped.summary_style, shipped.reply_style)
+    assert source.serving.offer_policy == shipped.offer_policy and manifest["model"] == "blocks-model"
     assert source.serving.calibration.to_json() == {k: v for k, v in manifest["label_calibration"].items()
                                                     if k != "fitted_on"}
     tuned = source.load()
