@@ -189,6 +189,24 @@ def test_keras_on_another_backend_is_refused(forget_env, why):
     assert f"needs the JAX keras backend but keras is using 'numpy' ({why})" in result.stderr
 
 
+@pytest.mark.parametrize(
+    ("given", "expected"),
+    [("", "--xla_cpu_enable_concurrency_optimized_scheduler=false"),
+     ("--xla_cpu_use_thunk_runtime=true", "--xla_cpu_use_thunk_runtime=true "
+                                          "--xla_cpu_enable_concurrency_optimized_scheduler=false"),
+     ("--xla_cpu_enable_concurrency_optimized_scheduler=true", "--xla_cpu_enable_concurrency_optimized_scheduler=true")],
+)
+def test_xla_flags_are_added_to_a_users_and_xla_accepts_them(given, expected):
+    """ChatLens's XLA flags (environment.DEFAULT_XLA_FLAGS) join the user's, whose own setting
+    wins; XLA aborts on a flag it does not know, so a computation running proves it took them."""
+    code = ("import os\nfrom pipeline.model.loading.keras_import import import_keras_hub\nimport_keras_hub()\n"
+            "import jax.numpy as jnp\nprint(int(jnp.arange(4).sum()), os.environ['XLA_FLAGS'])\n")
+    env = {**os.environ, "XLA_FLAGS": given}
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip() == f"6 {expected}"
+
+
 def test_serving_loads_a_preset_without_tensorflow_and_tokenizes_the_same(tiny_lm, tmp_path):
     """TensorFlow is ~600 MiB of RSS that serving never uses (keras-hub tokenizes with sentencepiece)."""
     tiny_lm.save_to_preset(str(tmp_path / "tiny"))
