@@ -284,12 +284,12 @@ def served_as(out: Path) -> dict:
     a tune changes the model, not how its outputs are served. The dev figures stay the decoded
     texts' own, so they compare with the replaced adapter's."""
     source = out if manifest_path(out).exists() else SHIPPED_ADAPTER
-    chosen = AdapterServing.of(source)
+    manifest = json.loads(manifest_path(source).read_text())
+    chosen = AdapterServing.from_json(manifest)
     print(f"served as: summary_style {chosen.summary_style}, reply_style {chosen.reply_style}, "
           f"offer_policy {chosen.offer_policy.to_json()}", file=sys.stderr)
-    policy = json.loads(manifest_path(source).read_text()).get("offer_policy")  # with its reasons (`chosen_on`)
-    return {"summary_style": chosen.summary_style, "reply_style": chosen.reply_style,
-            "offer_policy": policy or chosen.offer_policy.to_json()}
+    return {"summary_style": chosen.summary_style, "reply_style": chosen.reply_style,  # the policy with its reasons
+            "offer_policy": manifest.get("offer_policy") or chosen.offer_policy.to_json()}
 
 
 def layer_names(text: str) -> tuple[str, ...]:
