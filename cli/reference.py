@@ -54,6 +54,7 @@ def environment_table() -> str:
     """Markdown table of every CHATLENS_* environment variable (shared and dashboard settings)."""
     from app.settings import DashboardSettings
     from chatlens.config import Settings
+    from pipeline.model.environment import DEFAULT_XLA_FLAGS
 
     rows = ["| Variable | Default | Used by | Meaning |", "| --- | --- | --- | --- |"]
     seen = set()
@@ -73,6 +74,8 @@ def environment_table() -> str:
                 "(read on the workers, never stored in the job's options) |")
     rows.append("| `PUBSUB_EMULATOR_HOST` | — | every Pub/Sub client | `host:port` of a local Pub/Sub server "
                 "(the Google clients read it) |")
+    rows.append(f"| `XLA_FLAGS` | — | model processes | XLA's own flags; ChatLens adds {_cell(' '.join(f'`{flag}`' for flag in DEFAULT_XLA_FLAGS))} "
+                "(less peak memory, the same outputs) unless they set it themselves |")
     return "\n".join(rows)
 
 
