@@ -164,6 +164,56 @@ def test_a_decoding_loop_makes_no_float32_copy_of_a_bfloat16_vocabulary():
     np.testing.assert_array_equal(np.asarray(embed(backbone, ids), "float32"), np.asarray(expected, "float32"))
 
 
+def test_a_prefill_widens_one_layers_kernels_at_a_time(model_cache, monkeypatch):
+    """XLA's CPU backend widens bfloat16 kernels to float32 for a prefill's matrix products. The
+    prefill runs the layers twice (the prompt, then the label and the summary cue), and in one
+    computation XLA shared each widened kernel between the two runs: every layer's was held from
+    the first to the second (~390 MiB for Gemma 3 270M, whatever the batch). The second run is now
+    a computation of its own, and the working memory holds about one layer's (random weights with
+    wide feed-forward layers, the real tokenizer). The outputs are unchanged: the decoder's other
+    tests compare them with plain greedy decoding."""
+    import jax
+    import keras
+    import keras_hub
+
+    from pipeline.corpus import DATA_DIR, load_examples
+    from pipeline.model.decoding import one_pass
+    from pipeline.model.decoding.programs import Programs
+    from tests.support.models import gemma_tokenizer
+
+    tokenizer = gemma_tokenizer(model_cache)
+    keras.utils.set_random_seed(6)
+    layers, hidden, intermediate = 8, 64, 16_384  # the feed-forward kernels dominate the weights
+    backbone = keras_hub.models.Gemma3Backbone(
+        vocabulary_size=tokenizer.vocabulary_size(), image_size=None, num_layers=layers, num_query_heads=2,
+        num_key_value_heads=1, hidden_dim=hidden, intermediate_dim=intermediate, head_dim=32,
+        query_head_dim_normalize=True, use_query_key_norm=True, use_post_ffw_norm=True,
+        use_post_attention_norm=True, attention_logit_soft_cap=None, final_logit_soft_cap=None,
+        use_sliding_window_attention=True, sliding_window_size=512, dtype="bfloat16")
+    preprocessor = keras_hub.models.Gemma3CausalLMPreprocessor(tokenizer=tokenizer, image_converter=None)
+    lm = keras_hub.models.Gemma3CausalLM(backbone=backbone, preprocessor=preprocessor)
+
+    temps = []
+
+    class Measured(Programs):  # the real programs, their working memory read as they are compiled
+        def jit(self, function, **options):
+            call = super().jit(function, **options)
+
+            def measured(*args, **static):
+                if function.__name__ == "prefill":
+                    compiled = jax.jit(function, **options).lower(*args, **static).compile()
+                    temps.append(compiled.memory_analysis().temp_size_in_bytes)
+                return call(*args, **static)
+            return measured
+
+    monkeypatch.setattr(one_pass, "Programs", Measured)
+    window = load_examples(DATA_DIR / "v2" / "train.jsonl")[0].window
+    output, = one_pass.OnePassDecoder(lm, summary_tokens=3, reply_tokens=2).run([window], "all")
+    assert output.summary_tokens + output.reply_tokens > 0
+    widened_kernels = layers * 3 * hidden * intermediate * 4  # float32 bytes of the feed-forward kernels
+    assert temps and max(temps) < widened_kernels / 2  # 131 MB before, 38 MB now
+
+
 def test_one_rows_vocabulary_projection_makes_no_float32_copy_of_the_table():
     """For a single row XLA's CPU backend multiplies by a float32 conversion of the whole bfloat16
     table (641 MiB for Gemma 3 270M's vocabulary; a decoding loop hoists it and holds it), which
