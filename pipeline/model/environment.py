@@ -9,6 +9,9 @@ and the tests (tests/conftest.py). Values already in the environment win.
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import functools
 import os
 
 DEFAULT_ENV = {
@@ -39,3 +42,19 @@ def use_default_env() -> None:
     for name, value in DEFAULT_ENV.items():
         os.environ.setdefault(name, value)
     os.environ["XLA_FLAGS"] = with_default_xla_flags(os.environ.get("XLA_FLAGS", ""))
+
+
+def release_freed_memory() -> bool:
+    """Give the memory the C heap holds free back to the system (glibc's `malloc_trim`); False where
+    the C library has none. glibc keeps what a batch freed (XLA's working buffers, the cache) for
+    its next allocations, so a worker rested ~200 MiB above what it held between batches, and
+    the next batch's peak started there (README, "Serving memory"). 57 ms for 400 MiB freed here,
+    0.1 ms for none."""
+    trim = _malloc_trim()
+    return bool(trim and trim(0) is not None)
+
+
+@functools.cache
+def _malloc_trim():
+    library = ctypes.util.find_library("c")
+    return getattr(ctypes.CDLL(library), "malloc_trim", None) if library else None

@@ -58,6 +58,7 @@ from pipeline.model.decoding.step import (
     vocabulary_logits,
 )
 from pipeline.model.decoding.text import PAST_CUT_MARGIN, clean_completion, visible_characters
+from pipeline.model.environment import release_freed_memory
 from pipeline.model.loading.reply_library import ReplyLibraryFile
 from pipeline.model.training.adapters import AdapterServing
 from pipeline.model.training.format import (
@@ -286,6 +287,7 @@ class OnePassDecoder:
                 rows = slice(start, start + BATCH_BUCKETS[-1])
                 outputs += [ChatOutput(truncated=c, **out)
                             for c, out in zip(cut[rows], self._run_batch(prompts[rows], wants[rows], label_only))]
+                release_freed_memory()  # the batch's working memory, not kept until the next one
         return outputs
 
     def _run_batch(self, prompts: Sequence[list[int]], wants: Sequence[str], label_only: bool = False) -> list[dict]:

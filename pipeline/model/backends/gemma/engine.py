@@ -6,6 +6,7 @@ from __future__ import annotations
 from pipeline.model.backends.base import ModelOptions
 from pipeline.model.decoding.one_pass import OnePassEngine
 from pipeline.model.decoding.prompted import EngineConfig, PromptedEngine
+from pipeline.model.environment import release_freed_memory
 from pipeline.model.loading.reply_library import ReplyLibraryFile
 from pipeline.model.loading.sources import resolve_model
 from pipeline.model.types import Engine
@@ -30,10 +31,10 @@ def load_engine(options: ModelOptions, config: EngineConfig | None = None) -> En
     """
     source = resolve_model(options.model, options.model_cache, options.adapter)
     config = config or EngineConfig()
+    causal_lm = source.load(SERVING_DTYPE if source.tuned else "float32", tensorflow=False)
+    release_freed_memory()  # what reading and converting the weights freed
     if source.tuned:
-        causal_lm = source.load(SERVING_DTYPE, tensorflow=False)
         return OnePassEngine(causal_lm, source.model_id, max_prompt_tokens=config.max_prompt_tokens,
                              serving=source.serving, reply_library=ReplyLibraryFile(options.reply_library))
-    causal_lm = source.load(tensorflow=False)
     variant = options.prompt_variant or ("chat" if source.instruction_tuned else "completion")
     return PromptedEngine(causal_lm, source.model_id, load_prompts(variant), config)
