@@ -21,16 +21,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from pipeline.model.environment import use_default_env  # noqa: E402
+from pipeline.model.environment import status_mib, use_default_env  # noqa: E402
 
 use_default_env()
-
-
-def status_mib(field: str) -> float:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
 
 
 def reset_peak() -> None:

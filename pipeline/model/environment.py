@@ -5,7 +5,7 @@ entry point calls `use_default_env()` before anything imports keras or JAX: the 
 command (cli/main.py), the Beam workers (GemmaModelHandler passes `DEFAULT_ENV` to Beam,
 which sets it in the process that loads the model), the bench scripts, deploy/bake_model.py
 and the tests (tests/conftest.py). Values already in the environment win. Beside them, the
-process's memory between batches: `release_freed_memory()`.
+process's memory between batches: `release_freed_memory()`, and `status_mib()` to read it.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import ctypes
 import ctypes.util
 import functools
 import os
+from pathlib import Path
 
 DEFAULT_ENV = {
     "KERAS_BACKEND": "jax",
@@ -62,3 +63,13 @@ def release_freed_memory() -> bool:
 def _malloc_trim():
     library = ctypes.util.find_library("c")
     return getattr(ctypes.CDLL(library), "malloc_trim", None) if library else None
+
+
+def status_mib(field: str) -> float:
+    """A memory field of this process's `/proc/self/status` (`VmRSS`: resident now, `VmHWM`: its
+    peak) in MiB; NaN where there is no such field (or no /proc)."""
+    status = Path("/proc/self/status")
+    for line in status.read_text().splitlines() if status.exists() else ():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) / 1024
+    return float("nan")

@@ -143,8 +143,9 @@ def gemma_tokenizer(cache_dir: Path) -> Any:
     return keras_hub.models.Gemma3Tokenizer(proto=tokenizer_proto(gguf_metadata(cache_dir)), has_vision_tokens=False)
 
 
-def tiny_gemma_lm(cache_dir: Path, seed: int = 0, dtype: str = "float32") -> Any:
-    """A Gemma3CausalLM with random weights, 2 layers of width 32 and the real tokenizer.
+def tiny_gemma_lm(cache_dir: Path, seed: int = 0, dtype: str = "float32", num_layers: int = 2,
+                  hidden_dim: int = 32, intermediate_dim: int = 64, head_dim: int = 16) -> Any:
+    """A Gemma3CausalLM with random weights, 2 layers of width 32 (unless told) and the real tokenizer.
 
     The same seed gives the same weights: what a test needs to reload an adapter onto them.
     """
@@ -154,8 +155,9 @@ def tiny_gemma_lm(cache_dir: Path, seed: int = 0, dtype: str = "float32") -> Any
 
     keras.utils.set_random_seed(seed)
     backbone = keras_hub.models.Gemma3Backbone(
-        vocabulary_size=tokenizer.vocabulary_size(), image_size=None, num_layers=2, num_query_heads=2,
-        num_key_value_heads=1, hidden_dim=32, intermediate_dim=64, head_dim=16, query_head_dim_normalize=True,
+        vocabulary_size=tokenizer.vocabulary_size(), image_size=None, num_layers=num_layers, num_query_heads=2,
+        num_key_value_heads=1, hidden_dim=hidden_dim, intermediate_dim=intermediate_dim, head_dim=head_dim,
+        query_head_dim_normalize=True,
         use_query_key_norm=True, use_post_ffw_norm=True, use_post_attention_norm=True,
         attention_logit_soft_cap=None, final_logit_soft_cap=None, use_sliding_window_attention=True,
         sliding_window_size=512, dtype=dtype)

@@ -213,9 +213,9 @@ class OnePassDecoder:
             # (~390 MiB for Gemma 3 270M) through the prefill. Apart, each run widens and frees them
             # layer by layer: the same values, a prefill's working memory 385 -> 6 MiB (one chat of
             # 128 tokens) and 414 -> 52 MiB (8 of 256), in the same time (measured here).
-            first_logits = jax.eval_shape(feed_head, cache)[0]
             logits, cache = jax.lax.cond(jnp.any(mask), feed_head,
-                                         lambda cache: (jnp.zeros(first_logits.shape, first_logits.dtype), cache), cache)
+                                         lambda cache: (jnp.zeros((batch, backbone.vocabulary_size), "float32"), cache),
+                                         cache)
             return label_logits, logits, to_head_major(shift_positions(backbone, cache, offset))
 
         ground = self.ground_numbers

@@ -173,25 +173,15 @@ def test_a_prefill_widens_one_layers_kernels_at_a_time(model_cache, monkeypatch)
     wide feed-forward layers, the real tokenizer). The outputs are unchanged: the decoder's other
     tests compare them with plain greedy decoding."""
     import jax
-    import keras
-    import keras_hub
 
     from pipeline.corpus import DATA_DIR, load_examples
     from pipeline.model.decoding import one_pass
     from pipeline.model.decoding.programs import Programs
-    from tests.support.models import gemma_tokenizer
+    from tests.support.models import tiny_gemma_lm
 
-    tokenizer = gemma_tokenizer(model_cache)
-    keras.utils.set_random_seed(6)
     layers, hidden, intermediate = 8, 64, 16_384  # the feed-forward kernels dominate the weights
-    backbone = keras_hub.models.Gemma3Backbone(
-        vocabulary_size=tokenizer.vocabulary_size(), image_size=None, num_layers=layers, num_query_heads=2,
-        num_key_value_heads=1, hidden_dim=hidden, intermediate_dim=intermediate, head_dim=32,
-        query_head_dim_normalize=True, use_query_key_norm=True, use_post_ffw_norm=True,
-        use_post_attention_norm=True, attention_logit_soft_cap=None, final_logit_soft_cap=None,
-        use_sliding_window_attention=True, sliding_window_size=512, dtype="bfloat16")
-    preprocessor = keras_hub.models.Gemma3CausalLMPreprocessor(tokenizer=tokenizer, image_converter=None)
-    lm = keras_hub.models.Gemma3CausalLM(backbone=backbone, preprocessor=preprocessor)
+    lm = tiny_gemma_lm(model_cache, seed=6, dtype="bfloat16", num_layers=layers, hidden_dim=hidden,
+                       intermediate_dim=intermediate, head_dim=32)
 
     temps = []
 

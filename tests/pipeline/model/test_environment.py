@@ -2,16 +2,11 @@
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import pytest
 
-from pipeline.model.environment import release_freed_memory
-
-
-def resident_mib() -> float:
-    return int(re.search(r"^VmRSS:\s+(\d+) kB", Path("/proc/self/status").read_text(), re.M).group(1)) / 1024
+from pipeline.model.environment import release_freed_memory, status_mib
 
 
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads the resident size from Linux's /proc")
@@ -24,7 +19,7 @@ def test_memory_a_batch_freed_goes_back_to_the_system():
     blocks = [bytearray(64 * 1024) for _ in range(3200)]  # 200 MiB in blocks the heap serves (no mmap)
     last = bytearray(64 * 1024)  # allocated after them: the heap's top cannot shrink past it on its own
     del blocks
-    held = resident_mib()
+    held = status_mib("VmRSS")
     assert release_freed_memory()
-    assert held - resident_mib() > 100
+    assert held - status_mib("VmRSS") > 100
     assert len(last) == 64 * 1024
