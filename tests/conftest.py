@@ -45,6 +45,13 @@ def pubsub_server(request):
 
 
 @pytest.fixture
+def pubsub_broker(request, pubsub_server):
+    """`pubsub_server`'s broker (localpubsub.state): for tests that must order what the server
+    does against what a client does."""
+    return request.node.stash[_SERVER].broker
+
+
+@pytest.fixture
 def spontaneous_copies(request, pubsub_server):
     """How many worst-case spontaneous copies `pubsub_server` has delivered so far, all
     subscriptions together: the most duplicates an at-least-once subscriber may have seen."""
