@@ -4,8 +4,40 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
+import platform
 import sys
+from pathlib import Path
 from collections.abc import Mapping, Sequence
+
+
+# The instruction sets XLA's and llama.cpp's CPU kernels choose between: a figure is only
+# comparable with one from a machine that has the same
+CPU_FEATURES = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16", "amx_int8", "asimd", "sve")
+
+
+def machine(cpuinfo: Path = Path("/proc/cpuinfo"), meminfo: Path = Path("/proc/meminfo")) -> dict:
+    """What a speed or memory figure was measured on: the CPU's model, cores, the instruction sets of
+    CPU_FEATURES it has, and memory (what /proc shows; the platform's own words elsewhere)."""
+    fields: dict[str, str] = {}
+    if cpuinfo.exists():
+        for line in cpuinfo.read_text().splitlines():
+            key, _, value = line.partition(":")
+            fields.setdefault(key.strip(), value.strip())  # the first processor's
+    flags = set((fields.get("flags") or fields.get("Features") or "").split())
+    memory = None
+    if meminfo.exists():
+        total = next((line.split()[1] for line in meminfo.read_text().splitlines() if line.startswith("MemTotal:")), None)
+        memory = round(int(total) / 2**20, 1) if total else None
+    return {"cpu": fields.get("model name") or platform.processor() or platform.machine(),
+            "cores": os.cpu_count(), "features": [f for f in CPU_FEATURES if f in flags], "memory_gib": memory}
+
+
+def describe(machine: Mapping[str, object]) -> str:
+    """One line for a report's head: 'AMD EPYC 9R14, 2 cores, avx2 fma avx512f, 23.4 GiB'."""
+    features = " ".join(machine["features"]) or "no listed vector extensions"
+    memory = f", {machine['memory_gib']} GiB" if machine.get("memory_gib") else ""
+    return f"{machine['cpu']}, {machine['cores']} cores, {features}{memory}"
 
 
 def apply_quick(args: argparse.Namespace, argv: Sequence[str] | None, quick: Mapping[str, object]) -> None:

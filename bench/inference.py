@@ -39,6 +39,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from bench.helpers import describe, machine  # noqa: E402 - after the path is set
 from pipeline.model.environment import use_default_env  # noqa: E402
 
 use_default_env()
@@ -252,7 +253,7 @@ def main() -> int:
     if "llamacpp" in args.systems and "tuned" not in args.systems:
         parser.error("llamacpp runs beside tuned: it is given tuned's prompts and tokens a chat")
 
-    results = {}
+    host, results = machine(), {}
     with tempfile.TemporaryDirectory() as scratch:
         given = Path(scratch) / "given.json"
         for system in sorted(args.systems, key=lambda name: name == "llamacpp"):  # llamacpp last: after tuned
@@ -266,6 +267,7 @@ def main() -> int:
                 given.write_text(json.dumps({"prompts": tuned.pop("prompts"),
                                              "tokens_per_chat": round(tuned["tokens"] / tuned["chats"])}))
 
+    print(f"machine: {describe(host)}")
     print(f"{'system':<10} {'chats/s':>8} {'tokens/s':>9} {'p50 chat s':>11} {'p95 chat s':>11} "
           f"{'compiles':>9} {'peak RSS MiB':>13}")
     for name, r in results.items():
@@ -284,7 +286,7 @@ def main() -> int:
         latency = results["tuned"]["p50_chat_s"] / results["llamacpp"]["p50_chat_s"]
         print(f"p50 chat latency tuned / llamacpp: {latency:.2f} (at {args.batch_size} chat(s) a call)")
     summary = {name: {k: r[k] for k in COLUMNS} for name, r in results.items()}
-    print(json.dumps({"bench": "inference", "chats": args.chats, "batch_size": args.batch_size,
+    print(json.dumps({"bench": "inference", "machine": host, "chats": args.chats, "batch_size": args.batch_size,
                       **summary, "speedup": {k: round(v, 2) for k, v in speedups.items()},
                       "peak_rss_ratio": {k: round(v, 2) for k, v in ratios.items()}}))
     return 0

@@ -21,6 +21,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from bench.helpers import describe, machine  # noqa: E402 - after the path is set
 from pipeline.model.environment import status_mib, use_default_env  # noqa: E402
 
 use_default_env()
@@ -42,7 +43,8 @@ def main() -> int:
     parser.add_argument("--model", default="gemma3-270m")
     parser.add_argument("--data", type=Path, default=ROOT / "data" / "dev.jsonl")
     args = parser.parse_args()
-    stages = []
+    stages, host = [], machine()
+    print(f"machine: {describe(host)}", flush=True)
 
     def stage(name: str, run):
         reset_peak()
@@ -80,6 +82,7 @@ def main() -> int:
     for array in jax.live_arrays():
         arrays[str(array.dtype)] += array.nbytes
     report = {
+        "machine": host,
         "stages": stages,
         "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
         "live_jax_arrays_mib": {dtype: round(n / 2**20) for dtype, n in sorted(arrays.items())},
