@@ -239,7 +239,10 @@ class PromptedEngine:
             start = length - max_new
             cache = empty_cache(backbone, batch, length, lm.compute_dtype)
             with self._scope(state):
-                logits, _, cache = lm.call_with_cache(token_ids[:, :start], cache, 0, padding_mask=key_mask)
+                # the prompt's last position alone through the vocabulary: all of them would be
+                # batch x length x 262,144 float32 logits (8 x 256: 2.1 GB) to read one row each
+                _, hidden, cache = lm.call_with_cache(token_ids[:, :start], cache, 0, padding_mask=key_mask)
+                logits = backbone.token_embedding(hidden[:, -1:, :], reverse=True)
             rows = jnp.arange(batch)
 
             def step(carry):

@@ -85,6 +85,33 @@ def test_batched_generation_matches_keras_hub_generating_each_prompt_alone(engin
         assert ours.tokens > 0 and alone.startswith(ours.text), (ours.text, alone)
 
 
+def test_generation_reads_the_vocabulary_only_at_the_prompts_last_position(engine, monkeypatch):
+    """The prefill before the decoding loop needs the logits of each prompt's last position; keras-hub's
+    call_with_cache gives every position's (8 prompts of 256 tokens: 2.1 GB of float32 logits, which
+    set the prompted engine's peak). Only the last goes through the vocabulary now; the batched
+    generation above still matches keras-hub generating each prompt alone."""
+    import jax
+
+    from pipeline.model.decoding.programs import Programs
+
+    built = {}
+
+    class Built(Programs):  # the engine's own program functions, to compile one on its own
+        def jit(self, function, **options):
+            built[function.__name__] = (function, options)
+            return super().jit(function, **options)
+
+    monkeypatch.setattr(engine, "programs", Built())
+    engine._build_generate_fn()
+    function, options = built["generate"]
+    batch, prompt, new = 4, 64, 8
+    ids, mask = np.ones((batch, prompt + new), "int32"), np.ones((batch, prompt + new), bool)
+    compiled = jax.jit(function, **options).lower(engine._state(), ids, mask, np.array([1], "int32"),
+                                                  max_new=new, penalised=False).compile()
+    every_positions_logits = batch * prompt * engine.lm.backbone.vocabulary_size * 4
+    assert compiled.memory_analysis().temp_size_in_bytes < every_positions_logits / 4
+
+
 def test_bucketing_bounds_compiles(engine):
     engine.classify([ANGRY, HAPPY, NEUTRAL])
     compiled = len(engine.stats.compiles)
