@@ -7,13 +7,14 @@ import math
 import os
 import platform
 import sys
-from pathlib import Path
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 
 # The instruction sets XLA's and llama.cpp's CPU kernels choose between: a figure is only
 # comparable with one from a machine that has the same
-CPU_FEATURES = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16", "amx_int8", "asimd", "sve")
+CPU_FEATURES = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16", "amx_int8",
+                "asimd", "sve")
 
 
 def machine(cpuinfo: Path = Path("/proc/cpuinfo"), meminfo: Path = Path("/proc/meminfo")) -> dict:
@@ -27,17 +28,18 @@ def machine(cpuinfo: Path = Path("/proc/cpuinfo"), meminfo: Path = Path("/proc/m
     flags = set((fields.get("flags") or fields.get("Features") or "").split())
     memory = None
     if meminfo.exists():
-        total = next((line.split()[1] for line in meminfo.read_text().splitlines() if line.startswith("MemTotal:")), None)
+        lines = meminfo.read_text().splitlines()
+        total = next((line.split()[1] for line in lines if line.startswith("MemTotal:")), None)
         memory = round(int(total) / 2**20, 1) if total else None
     return {"cpu": fields.get("model name") or platform.processor() or platform.machine(),
             "cores": os.cpu_count(), "features": [f for f in CPU_FEATURES if f in flags], "memory_gib": memory}
 
 
-def describe(machine: Mapping[str, object]) -> str:
-    """One line for a report's head: 'AMD EPYC 9R14, 2 cores, avx2 fma avx512f, 23.4 GiB'."""
-    features = " ".join(machine["features"]) or "no listed vector extensions"
-    memory = f", {machine['memory_gib']} GiB" if machine.get("memory_gib") else ""
-    return f"{machine['cpu']}, {machine['cores']} cores, {features}{memory}"
+def describe(host: Mapping[str, object]) -> str:
+    """One line for a report's head, from `machine()`: 'AMD EPYC 9R14, 2 cores, avx2 fma avx512f, 23.4 GiB'."""
+    features = " ".join(host["features"]) or "no listed vector extensions"
+    memory = f", {host['memory_gib']} GiB" if host.get("memory_gib") else ""
+    return f"{host['cpu']}, {host['cores']} cores, {features}{memory}"
 
 
 def apply_quick(args: argparse.Namespace, argv: Sequence[str] | None, quick: Mapping[str, object]) -> None:

@@ -16,8 +16,9 @@ Same chats, same batch size, one run, up to four systems:
 Each system runs in its own subprocess so compile caches and peak RSS are its own. Every system
 runs once untimed, then times a second pass: the steady state of a long-running job, which
 compiles each of its few shape buckets once (the warm-up's seconds are reported beside). Prints
-chats/s, generated tokens/s, p50/p95 latency a chat (from its batch's start to its result), XLA
-compile count, peak RSS, the speedups and RSS ratios, then one line of JSON with those figures.
+the machine (`helpers.machine`: CPU, cores, vector extensions, memory), then chats/s, generated
+tokens/s, p50/p95 latency a chat (from its batch's start to its result), XLA compile count, peak
+RSS, the speedups and RSS ratios, then one line of JSON with those figures.
 `--batch-size 1` measures one chat alone: the latency of a streaming job at low rates. A
 progress bar per system shows on stderr (the loading and the warm-up come before its first step).
 

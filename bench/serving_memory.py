@@ -1,7 +1,8 @@
 """Where serving the default model's memory goes: RSS after each stage of loading and analysing.
 
 Loads the model the way the Beam handler does (`backends/gemma/engine.load_engine`), analyses a
-few dev chats twice (the first run compiles or reads XLA's cache), and prints one line per stage:
+few dev chats twice (the first run compiles or reads XLA's cache), and prints the machine
+(`helpers.machine`: CPU, cores, vector extensions, memory), then one line per stage:
 the RSS after it and the peak during it (Linux's VmHWM, reset before each stage), then the live
 JAX arrays by dtype, whether TensorFlow or the trainer were imported, and the analyses as JSON
 (to compare two versions' outputs).

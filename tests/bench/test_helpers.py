@@ -29,4 +29,3 @@ def test_a_machine_without_proc_still_says_what_it_is(tmp_path):
     found = machine(tmp_path / "none", tmp_path / "none")
     assert found["cpu"] and found["features"] == [] and found["memory_gib"] is None
     assert "no listed vector extensions" in describe(found)
-
