@@ -16,9 +16,9 @@ Use `-vv` to log every RPC.
 from __future__ import annotations
 
 import argparse
-import signal
 import sys
-import threading
+
+from chatlens.stop_signals import StopSignals
 
 _LIST_TOPICS = "/google.pubsub.v1.Publisher/ListTopics"
 
@@ -73,9 +73,7 @@ def serve(host: str, port: int, *, stream_max_age: float | None = None, worst_ca
     """Serve until SIGTERM or SIGINT."""
     from localpubsub.server import EmulatorServer
 
-    stop = threading.Event()
-    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
-    try:
+    with StopSignals() as stop:
         try:
             server = EmulatorServer(host, port, stream_max_age=stream_max_age, worst_case=worst_case,
                                     data_dir=data_dir)
@@ -95,9 +93,6 @@ def serve(host: str, port: int, *, stream_max_age: float | None = None, worst_ca
         if worst_case is not None:
             print(f"worst-case delivery: {server.worst_case_summary()}", flush=True)
         return 0
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
 
 
 def wait_ready(address: str, timeout: float = 10.0) -> None:

@@ -25,10 +25,10 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import signal
 import sys
 import threading
 
+from chatlens.stop_signals import StopSignals
 from pipeline.options import PipelineConfig, add_pipeline_arguments, beam_options
 
 log = logging.getLogger("chatlens.pipeline")
@@ -109,20 +109,7 @@ def run_pipeline(config: PipelineConfig, beam_args: list[str], status_every: flo
     log.info("starting: mode=%s runner=%s subscription=%s results=%s deadletter=%s model=%s emulator=%s",
              config.mode, config.runner, config.subscription_path, config.results_topic_path,
              config.deadletter_topic_path, config.model, os.environ.get("PUBSUB_EMULATOR_HOST", "-"))
-    stop = threading.Event()
-    received: list[int] = []
-
-    def on_signal(signum, _frame):
-        received.append(signum)
-        stop.set()
-
-    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
-    result = pipeline.run()
-    if not config.local:
-        log.info("submitted to %s; state %s", config.runner, result.state)
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-        return 0
+    finished = threading.Event()
     failure: list[BaseException] = []
 
     def wait():
@@ -131,18 +118,21 @@ def run_pipeline(config: PipelineConfig, beam_args: list[str], status_every: flo
         except BaseException as error:  # noqa: BLE001 - reported below
             failure.append(error)
         finally:
-            stop.set()
+            finished.set()
 
-    threading.Thread(target=wait, name="chatlens-pipeline-wait", daemon=True).start()
-    log.info("running; SIGTERM or Ctrl-C stops")
-    last_status = ""
-    while not stop.wait(status_every or None):
-        status = progress_line(result)
-        if status != last_status:
-            log.info("progress: %s", status)
-            last_status = status
-    for sig, handler in previous.items():
-        signal.signal(sig, handler)
+    with StopSignals() as stop:
+        result = pipeline.run()
+        if not config.local:
+            log.info("submitted to %s; state %s", config.runner, result.state)
+            return 0
+        threading.Thread(target=wait, name="chatlens-pipeline-wait", daemon=True).start()
+        log.info("running; SIGTERM or Ctrl-C stops")
+        last_status = ""
+        while not stop.wait(status_every or None, until=finished):
+            status = progress_line(result)
+            if status != last_status:
+                log.info("progress: %s", status)
+                last_status = status
     if failure:
         log.error("pipeline failed: %s", failure[0])
     status = progress_line(result)
@@ -150,7 +140,7 @@ def run_pipeline(config: PipelineConfig, beam_args: list[str], status_every: flo
         log.info("a bundle still running after %.0f s is abandoned; its messages go back too", STOP_GRACE_S)
     returned = LEASES.release_all()
     log.info("stopping (%s): %s; %d unsettled message(s) handed back for redelivery",
-             signal.Signals(received[0]).name if received else "pipeline ended", status, returned)
+             stop.name or "pipeline ended", status, returned)
     return 1 if failure else 0
 
 

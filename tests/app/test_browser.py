@@ -31,12 +31,25 @@ CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--no-first-run"]
 ARTIFACTS = Path(__file__).parents[1] / "artifacts"
+# Playwright waits 5 s by default; CI's two cores also run a model test meanwhile, and a live
+# insight has once taken longer than that to reach the page there.
+WAIT_MS = 15_000
 XSS_TEXT = "<script>alert('xss')</script> and \"><img src=x onerror=alert(1)>"
 
 pytestmark = [
     pytest.mark.browser,
     pytest.mark.skipif(not os.path.exists(CHROMIUM), reason="needs Debian's chromium: apt-get install chromium"),
 ]
+
+
+@pytest.fixture(autouse=True)
+def patient_expect():
+    """Give Playwright's `expect` assertions the same wait as page actions (WAIT_MS)."""
+    from playwright.sync_api import expect
+
+    expect.set_options(timeout=WAIT_MS)
+    yield
+    expect.set_options(timeout=5_000)
 
 
 def live_insight():
@@ -108,7 +121,7 @@ def test_live_queue_review_and_audit_in_chromium(tmp_path, pubsub_server):
         browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         context = browser.new_context(viewport={"width": 1440, "height": 900})
         context.grant_permissions(["clipboard-read", "clipboard-write"], origin=base)
-        context.set_default_timeout(15_000)
+        context.set_default_timeout(WAIT_MS)
         page = context.new_page()
         page.on("dialog", lambda dialog: (dialogs.append(dialog.message), dialog.dismiss()))
 
@@ -216,7 +229,7 @@ def test_a_supervisor_edits_a_reply_macro_in_chromium(tmp_path):
     with running_server(app) as base, sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         page = browser.new_context(viewport={"width": 1440, "height": 900}).new_page()
-        page.set_default_timeout(15_000)
+        page.set_default_timeout(WAIT_MS)
         login(page, base, "sam")
         page.get_by_role("link", name="Reply library").click()
         expect(page).to_have_url(f"{base}/macros")

@@ -1048,7 +1048,14 @@ def test_command_serves_until_sigterm():
         address = line.split("listening on ")[1].split()[0]
         wait_ready(address, timeout=10)
         process.send_signal(signal.SIGTERM)
-        assert process.wait(timeout=15) == 0
+        try:
+            code = process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            out, err = process.communicate()
+            raise AssertionError(f"still running 15 s after SIGTERM; it printed:\n{out}\n{err}") from None
+        assert code == 0, process.stderr.read()
+        assert "Pub/Sub emulator stopping" in process.stdout.read()
     finally:
         if process.poll() is None:
             process.kill()
