@@ -34,15 +34,16 @@ def length_groups(lengths: Sequence[int], max_spread: int, max_batch: int = BATC
     return groups
 
 
-def padded_rows(rows: Sequence[Sequence[int]], extra: int = 0, left: bool = False) -> tuple[np.ndarray, np.ndarray]:
-    """Token ids and mask: rows padded to a batch bucket and a length bucket, plus `extra` free
-    (unmasked) positions at the end.
+def padded_rows(rows: Sequence[Sequence[int]], extra: int = 0, left: bool = False,
+                length: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Token ids and mask: rows padded to a batch bucket and a length bucket (or `length`), plus
+    `extra` free (unmasked) positions at the end.
 
     Right padding suits scoring (each row's last token is read); left padding puts every
     prompt's end at the same position, so generation starts at once for all rows.
     """
     batch = bucket(len(rows), BATCH_BUCKETS)
-    length = bucket(max(map(len, rows)), LENGTH_BUCKETS)
+    length = length or bucket(max(map(len, rows)), LENGTH_BUCKETS)
     filler = min(rows, key=len)  # padding rows repeat a real prompt: a 0-length row breaks decoding
     token_ids = np.zeros((batch, length + extra), dtype="int32")
     mask = np.zeros((batch, length + extra), dtype="bool")

@@ -1,11 +1,16 @@
 """One pass per chat for a Gemma tuned on `chat_format`: prefill once, then label, summary, reply.
 
 For a batch of chats:
-1. the prompts are prefilled once, left-padded, in groups of similar lengths
-   (`buckets.prefill_groups`: one long chat gets a prefill of its own rather than padding
-   every row to its length); the label probabilities are the three label tokens' logits at the
-   prompt's end through the adapter's calibration (`pipeline/model/decoding/calibration.py`), and the
-   label is their argmax; each row is fed its label token and the summary cue;
+1. the prompts are prefilled once, in groups of similar lengths (`buckets.prefill_groups`: one
+   long chat gets a prefill of its own rather than padding every row to its length). Every
+   prompt starts with the same preamble (BOS and the template's text before the chat, 63 of a
+   typical prompt's ~190 tokens in format 2): its keys and values are computed once per model
+   state and copied into each group's cache, which prefills only the rest of each prompt,
+   right-padded, then moves each row to end where the group's width does (`step.right_aligned`:
+   the cache a left-padded prefill of the whole prompts writes); the label probabilities are the
+   three label tokens' logits at the prompt's end through the adapter's calibration
+   (`pipeline/model/decoding/calibration.py`), and the label is their argmax; each row is fed its
+   label token and the summary cue;
 2. the groups' caches join one decoding cache, every prompt ending at the same position (the
    shorter groups' keys rotated on: `step.shift_positions`), and each row decodes its
    summary greedily;
@@ -52,6 +57,7 @@ from pipeline.model.decoding.step import (
     forward_cached,
     forward_one,
     project,
+    right_aligned,
     shift_positions,
     step_weights,
     to_head_major,
@@ -132,7 +138,9 @@ class OnePassDecoder:
         self.compiles: list[str] = []
         self._lock = threading.Lock()
         self.programs = Programs(max_programs)  # the compiled programs held (`programs.py`)
-        self._prefill, self._decode_loop = self._build()
+        self.preamble = self.vocabulary.preamble()  # its keys and values computed once per model state
+        self._preamble_cache, self._prefill, self._decode_loop = self._build()
+        self._preamble: tuple = ((), None)  # (the state they came from, its preamble's cache)
         self.step_dtype = step_dtype
         self._prepared: tuple = ((), None)  # (the state they came from, its step weights)
 
@@ -152,16 +160,36 @@ class OnePassDecoder:
         with self._scope(state):
             return function(*args)
 
-    def _weights(self, state):
-        """The decoding step's weights (`step.step_weights`) for this state, made once per state:
-        the shipped model's never changes; a tune's changes after each step of training."""
+    def _once_per_state(self, held: str, state, make):
+        """`make()`, kept in attribute `held` as (the state's arrays, its result) and made again only
+        for another state: the shipped model's never changes; a tune's changes after each step."""
         arrays = [*state[0], *state[1]]
-        before, weights = self._prepared
+        before, made = getattr(self, held)
         if len(before) != len(arrays) or any(a is not b for a, b in zip(before, arrays)):
-            # eagerly, not jitted: kernels already in the step's dtype are the state's own arrays
-            weights = self._in_scope(state, step_weights, self.backbone, self.step_dtype)
-            self._prepared = (arrays, weights)
-        return weights
+            made = make()
+            setattr(self, held, (arrays, made))
+        return made
+
+    def _weights(self, state):
+        """The decoding step's weights (`step.step_weights`) for this state; made eagerly, not jitted:
+        kernels already in the step's dtype are the state's own arrays."""
+        return self._once_per_state("_prepared", state,
+                                    lambda: self._in_scope(state, step_weights, self.backbone, self.step_dtype))
+
+    def _preamble_for(self, state, rows: Sequence[Sequence[int]]):
+        """The cached preamble for these prompts and where their rest starts: the preamble's keys
+        and values (`preamble_cache`) where every prompt starts with it and goes on past it; else
+        none (P = 0), the prompts whole."""
+        size = len(self.preamble)
+        if not all(len(row) > size and tuple(row[:size]) == self.preamble for row in rows):
+            size = 0
+        if size == 0:
+            shape = (1, 0, self.backbone.num_key_value_heads, self.backbone.head_dim)
+            none = jnp.zeros(shape, self.lm.compute_dtype)
+            return tuple((none, none) for _ in range(self.backbone.num_layers)), 0
+        self._note(f"one-pass preamble length={size}")
+        return self._once_per_state("_preamble", state, lambda: self._preamble_cache(
+            state, jnp.array([self.preamble], "int32"))), size
 
     def _logits(self, hidden):
         """The vocabulary's logits, float32. keras-hub's own projection in a float32 model; in a
@@ -185,21 +213,39 @@ class OnePassDecoder:
         max_summary, max_reply = self.summary_tokens, self.reply_tokens
         visible, reply_past_cut = jnp.asarray(self._visible), REPLY_CHARS + PAST_CUT_MARGIN
 
-        @functools.partial(self.programs.jit, static_argnames=("label_only",))
-        def prefill(state, prompt_ids, key_mask, label_bias, offset, label_only):
-            """The label logits, the first summary token's logits and the head-major cache of one
-            left-padded group; its keys placed `offset` positions on, where the batch's prompts end.
-            `label_only`: the label logits alone."""
-            batch, length = prompt_ids.shape
-            cache = empty_cache(backbone, batch, length + 1 + cue.shape[0], self.lm.compute_dtype)
-            mask = jnp.concatenate([key_mask, jnp.ones((batch, 1 + cue.shape[0]), bool)], axis=1)
+        @self.programs.jit
+        def preamble_cache(state, preamble_ids):
+            """The keys and values of the preamble every prompt starts with (1, P), as keras-hub's cache."""
+            cache = empty_cache(backbone, 1, preamble_ids.shape[1], self.lm.compute_dtype)
             with self._scope(state):
-                hidden, cache = forward_cached(backbone, prompt_ids, cache, 0, mask)
-                label_logits = self._logits(hidden[:, -1:, :])[:, 0, :][:, labels]
+                return forward_cached(backbone, preamble_ids, cache, 0, jnp.ones(preamble_ids.shape, bool))[1]
+
+        @functools.partial(self.programs.jit, static_argnames=("label_only",))
+        def prefill(state, preamble, rest_ids, rest_mask, label_bias, offset, label_only):
+            """The label logits, the first summary token's logits and the head-major cache of one group:
+            its prompts' shared preamble as cached (`preamble_cache`, P positions, none where P is 0),
+            then each prompt's rest, right-padded (`rest_mask`). Each row is then moved to end where
+            the group's width does, as if left-padded, and its keys placed `offset` positions on, where
+            the batch's prompts end. `label_only`: the label logits alone."""
+            batch, rest = rest_ids.shape
+            start = preamble[0][0].shape[1]
+            length = start + rest
+            cache = tuple((k.at[:, :start].set(pk), v.at[:, :start].set(pv)) for (k, v), (pk, pv) in zip(
+                empty_cache(backbone, batch, length + 1 + cue.shape[0], self.lm.compute_dtype), preamble))
+            head_mask = jnp.ones((batch, 1 + cue.shape[0]), bool)
+            mask = jnp.concatenate([jnp.ones((batch, start), bool), rest_mask, head_mask], axis=1)
+            ends = jnp.sum(rest_mask, axis=1)
+            with self._scope(state):
+                hidden, cache = forward_cached(backbone, rest_ids, cache, start, mask)
+                last = jnp.take_along_axis(hidden, (ends - 1)[:, None, None], axis=1)
+                label_logits = self._logits(last)[:, 0, :][:, labels]
                 if label_only:
                     return label_logits, None, None
                 chosen = labels[jnp.argmax(label_logits + label_bias, axis=-1)]
                 head = jnp.concatenate([chosen[:, None], jnp.broadcast_to(cue, (batch, cue.shape[0]))], axis=1)
+            padding = rest - ends
+            cache = right_aligned(backbone, cache, padding, length)
+            mask = jnp.concatenate([jnp.arange(length)[None, :] >= padding[:, None], head_mask], axis=1)
 
             def feed_head(cache):
                 with self._scope(state):
@@ -270,7 +316,7 @@ class OnePassDecoder:
             *_, tokens, phases, believed, _ = jax.lax.while_loop(running, step, carry)
             return tokens, phases, believed
 
-        return prefill, decode
+        return preamble_cache, prefill, decode
 
     def run(self, windows: Sequence[ChatWindow], reply_for: Sequence[str] | None = None,
             label_only: bool = False) -> list[ChatOutput]:
@@ -298,9 +344,13 @@ class OnePassDecoder:
         state = self._state()
         order, label_logits, first_logits, caches = [], [], [], []
         for group in prefill_groups([len(p) for p in prompts], self.prefill_overhead):
-            ids, mask = padded_rows([prompts[i] for i in group], left=True)
-            self._note(f"one-pass prefill batch={ids.shape[0]} length={ids.shape[1]}{' label' if label_only else ''}")
-            group_labels, group_first, group_cache = self._prefill(state, ids, mask, bias, length - ids.shape[1],
+            rows = [prompts[i] for i in group]
+            preamble, start = self._preamble_for(state, rows)
+            width = bucket(max(map(len, rows)), LENGTH_BUCKETS)  # the group's prompts end here
+            ids, mask = padded_rows([row[start:] for row in rows], length=width - start)
+            self._note(f"one-pass prefill batch={ids.shape[0]} length={width}{' label' if label_only else ''}"
+                       f"{' whole' if not start else ''}")
+            group_labels, group_first, group_cache = self._prefill(state, preamble, ids, mask, bias, length - width,
                                                                    label_only=label_only)
             order += group
             label_logits.append(np.asarray(group_labels)[: len(group)])

@@ -170,17 +170,31 @@ def decoder_block(layer, weights, x, cache, index, key_mask):
 
 
 def shift_positions(backbone, cache, offset):
-    """keras-hub's (B, T, K, H) caches with every key rotated `offset` positions on: the cache a
-    prefill at `cache_update_index=offset` would have written (rotary angles add), so a group of
-    short prompts can join a batch whose prompts end later. Values carry no position."""
+    """keras-hub's (B, T, K, H) caches with every key rotated `offset` positions on (one for all
+    rows, or one per row): the cache a prefill at `cache_update_index=offset` would have written
+    (rotary angles add), so a group of short prompts can join a batch whose prompts end later.
+    Values carry no position."""
     shifted = []
     for layer, (key, value) in zip(backbone.transformer_layers, cache):
         rope = layer.attention.rope_layer
         if getattr(rope, "rope_type", "linear") != "linear":  # YaRN also scales magnitudes: no simple shift
             raise ValueError(f"cannot shift keys under {rope.rope_type} rotary embeddings")
-        positions = jnp.full((key.shape[1],), offset, "int32")
+        positions = jnp.broadcast_to(jnp.reshape(jnp.asarray(offset, "int32"), (-1, 1)), key.shape[:2])
         shifted.append((rope(key, positions=positions).astype(key.dtype), value))
     return tuple(shifted)
+
+
+def right_aligned(backbone, cache, padding, length):
+    """keras-hub's (B, T, K, H) caches whose rows were written from slot 0 and end `padding` (one
+    per row) short of `length`, moved on by that much within the first `length` slots, keys rotated
+    on as far: the cache a left-padded prefill of the same rows would have written (the slots moved
+    in front hold only padding, which the mask hides)."""
+    slots = jnp.mod(jnp.arange(length)[None, :] - padding[:, None], length)[:, :, None, None]
+
+    def move(x):
+        return jnp.concatenate([jnp.take_along_axis(x[:, :length], slots, axis=1), x[:, length:]], axis=1)
+
+    return shift_positions(backbone, tuple((move(k), move(v)) for k, v in cache), padding)
 
 
 def embed(backbone, token_ids):

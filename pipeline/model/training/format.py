@@ -22,6 +22,7 @@ Prompt formats (an adapter's manifest names the one it learnt, `prompt_format`; 
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from functools import lru_cache
@@ -44,6 +45,7 @@ REPLY_TOKENS = 192
 # unchanged ROUGE-L (0.247); the small model's invented specifics sit in its later sentences.
 REPLY_CHARS = 320
 ANSWERS = ("label", "summary", "reply")
+PREAMBLE_PROBES = ("", "x", " x", "\n", "\n\n", "Customer: hi", "customer: hi", "1", ">>>", "<", "\t")
 PROMPT_FORMATS = (1, 2)
 LATEST_FORMAT = PROMPT_FORMATS[-1]  # what `chatlens tune` teaches
 _TEMPLATES = {1: "chat.txt", 2: "chat-v2.txt"}
@@ -105,6 +107,14 @@ class Vocabulary:
 
         text, cut = fit_transcript(transcript(window.messages, self.prompt_format), fits)
         return [self.bos, *self.tokenize(head + text + tail)], cut
+
+    def preamble(self) -> tuple[int, ...]:
+        """The tokens every prompt starts with: BOS and the template's text before the transcript, up
+        to where a transcript's first characters could join its last token (the common start of the
+        template's tokens before a few different transcripts). A decoder computes their keys and
+        values once, and checks each prompt starts with them."""
+        head = template(self.prompt_format).split("{transcript}")[0]
+        return (self.bos, *os.path.commonprefix([self.tokenize(head + probe) for probe in PREAMBLE_PROBES]))
 
     def answer(self, label: int, summary: str, reply: str | None, learn: Collection[str] = ANSWERS
                ) -> tuple[list[int], list[bool]]:

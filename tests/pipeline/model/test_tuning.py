@@ -195,6 +195,7 @@ def test_one_pass_equals_separate_scoring_and_generation(tiny_lm, chats):
     outputs = decoder._run_batch([v.prompt(w)[0] for w in windows], ["all", "all"])
     assert [c for c in decoder.compiles if "prefill" in c] == [  # two prefills, one decoding loop
         "one-pass prefill batch=1 length=256", "one-pass prefill batch=1 length=384"]
+    assert f"one-pass preamble length={len(decoder.preamble)}" in decoder.compiles  # both start from it
     # every reference pass fits in one width: the longest prompt, its label and cue, a summary, the reply
     width = max(len(v.prompt(w)[0]) for w in windows) + 1 + len(v.summary_cue) + 6 + len(v.reply_cue) + 4
     for window, output in zip(windows, outputs):
@@ -221,6 +222,36 @@ def test_one_pass_equals_separate_scoring_and_generation(tiny_lm, chats):
         assert output["reply_tokens"] == len([t for t in reply if t not in (v.summary_end, v.eos)])
         assert output["summary"] == decoder._finish(summary, "summary")
         assert output["reply"] == (None if summary[-1] == v.eos else decoder._finish(reply, "reply"))
+
+
+def test_the_preamble_is_computed_once_and_a_prompt_without_it_is_prefilled_whole_with_the_same_results(
+        tiny_lm, chats):
+    """Every prompt starts with the template's text before the chat (a third of a typical prompt):
+    its keys and values are computed once per model state, and each group prefills only what comes
+    after it. A group with a prompt that does not start with it is prefilled whole."""
+    decoder = OnePassDecoder(tiny_lm, summary_tokens=4, reply_tokens=3)
+    decoder.prefill_overhead = 0  # a prefill per length bucket
+    v = decoder.vocabulary
+    prompts = [v.prompt(e.window)[0] for e in chats]
+    assert 25 <= len(decoder.preamble) < min(map(len, prompts))
+    assert all(tuple(p[: len(decoder.preamble)]) == decoder.preamble for p in prompts)
+    prompts[3] = prompts[3][1:]  # no BOS: this prompt's group cannot use the preamble
+    made, make = [], decoder._preamble_cache
+    decoder._preamble_cache = lambda *args: made.append(args) or make(*args)
+    cached = decoder._run_batch(prompts, ["all"] * len(prompts))
+    whole = OnePassDecoder(tiny_lm, summary_tokens=4, reply_tokens=3)
+    whole.prefill_overhead, whole.preamble = 0, ()  # every prompt prefilled whole (the test above: = greedy)
+    expected = whole._run_batch(prompts, ["all"] * len(prompts))
+    prefills = [c for c in decoder.compiles if "prefill" in c]
+    assert len([c for c in prefills if c.endswith(" whole")]) == 1 < len(prefills)
+    for got, want in zip(cached, expected):
+        np.testing.assert_allclose(got["probabilities"], want["probabilities"], atol=1e-5)
+        assert (got["summary"], got["reply"]) == (want["summary"], want["reply"])
+        np.testing.assert_allclose([got["summary_confidence"], got["reply_confidence"]],
+                                   [want["summary_confidence"], want["reply_confidence"]], rtol=1e-4)
+    cached_again = decoder._run_batch(prompts, ["all"] * len(prompts))
+    assert [o["summary"] for o in cached_again] == [o["summary"] for o in cached]
+    assert len(made) == 1  # once for the model's state
 
 
 def test_a_reply_stops_once_past_its_cut_with_the_same_draft(tiny_lm, chats):
