@@ -31,6 +31,7 @@ import argparse
 import json
 import os
 import resource
+import signal
 import statistics
 import subprocess
 import sys
@@ -227,8 +228,14 @@ def run_child(command: list[str], system: str, chats: int) -> dict:
         if child.wait() != 0 or result is None:
             log.seek(0)
             sys.stderr.write(log.read()[-5000:])
-            raise SystemExit(f"{system} failed (exit {child.returncode})")
+            hint = LLAMACPP_AMX_HINT if system == "llamacpp" and child.returncode == -signal.SIGSEGV else ""
+            raise SystemExit(f"{system} failed (exit {child.returncode}){hint}")
     return result
+
+
+LLAMACPP_AMX_HINT = (
+    ": on a CPU with AMX, llama.cpp's AMX kernels crash on this Q4_K_M GGUF (ggml-org/llama.cpp#20824); "
+    "build llama-cpp-python without them as the README's inference benchmark shows (CMAKE_ARGS=-DGGML_NATIVE=OFF ...)")
 
 
 COLUMNS = ("chats_per_s", "tokens_per_s", "p50_chat_s", "p95_chat_s", "xla_compiles", "peak_rss_mib")
