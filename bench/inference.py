@@ -18,7 +18,8 @@ runs once untimed, then times a second pass: the steady state of a long-running 
 compiles each of its few shape buckets once (the warm-up's seconds are reported beside). Prints
 the machine (`helpers.machine`: CPU, cores, vector extensions, memory), then chats/s, generated
 tokens/s, p50/p95 latency a chat (from its batch's start to its result), XLA compile count, peak
-RSS, the speedups and RSS ratios, then one line of JSON with those figures.
+RSS, the speedups and RSS ratios, then one line of JSON with those figures. A system whose process
+fails is listed as failed (its log shown above) and the others are still reported; the exit status is 1.
 `--batch-size 1` measures one chat alone: the latency of a streaming job at low rates. A
 progress bar per system shows on stderr (the loading and the warm-up come before its first step).
 
@@ -229,8 +230,12 @@ def run_child(command: list[str], system: str, chats: int) -> dict:
             log.seek(0)
             sys.stderr.write(log.read()[-5000:])
             hint = LLAMACPP_AMX_HINT if system == "llamacpp" and child.returncode == -signal.SIGSEGV else ""
-            raise SystemExit(f"{system} failed (exit {child.returncode}){hint}")
+            raise SystemFailed(f"failed (exit {child.returncode}){hint}")
     return result
+
+
+class SystemFailed(RuntimeError):
+    """One system's process failed; its log has been shown."""
 
 
 LLAMACPP_AMX_HINT = (
@@ -261,15 +266,22 @@ def main() -> int:
     if "llamacpp" in args.systems and "tuned" not in args.systems:
         parser.error("llamacpp runs beside tuned: it is given tuned's prompts and tokens a chat")
 
-    host, results = machine(), {}
+    host, results, failures = machine(), {}, {}
     with tempfile.TemporaryDirectory() as scratch:
         given = Path(scratch) / "given.json"
         for system in sorted(args.systems, key=lambda name: name == "llamacpp"):  # llamacpp last: after tuned
+            if system == "llamacpp" and "tuned" not in results:
+                failures[system] = "not run: it is given tuned's prompts, and tuned failed"
+                continue
             command = [sys.executable, __file__, "--system", system, "--chats", str(args.chats), "--batch-size",
                        str(args.batch_size), "--data", str(args.data), "--given", str(given)]
             if args.cache:
                 command += ["--cache", args.cache]
-            results[system] = run_child(command, system, args.chats)
+            try:
+                results[system] = run_child(command, system, args.chats)
+            except SystemFailed as failure:  # the other systems' figures are still reported
+                failures[system] = str(failure)
+                continue
             if system == "tuned":
                 tuned = results["tuned"]
                 given.write_text(json.dumps({"prompts": tuned.pop("prompts"),
@@ -293,11 +305,13 @@ def main() -> int:
     if "llamacpp" in results:
         latency = results["tuned"]["p50_chat_s"] / results["llamacpp"]["p50_chat_s"]
         print(f"p50 chat latency tuned / llamacpp: {latency:.2f} (at {args.batch_size} chat(s) a call)")
+    for name, reason in failures.items():
+        print(f"{name:<10} {reason}")
     summary = {name: {k: r[k] for k in COLUMNS} for name, r in results.items()}
     print(json.dumps({"bench": "inference", "machine": host, "chats": args.chats, "batch_size": args.batch_size,
                       **summary, "speedup": {k: round(v, 2) for k, v in speedups.items()},
-                      "peak_rss_ratio": {k: round(v, 2) for k, v in ratios.items()}}))
-    return 0
+                      "peak_rss_ratio": {k: round(v, 2) for k, v in ratios.items()}, "failed": failures}))
+    return 1 if failures else 0
 
 
 if __name__ == "__main__":
