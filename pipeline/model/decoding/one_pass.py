@@ -49,7 +49,7 @@ from pipeline.model.decoding.calibration import LabelCalibration
 from pipeline.model.decoding.extractive import extractive_summary
 from pipeline.model.decoding.macros import choose, written
 from pipeline.model.decoding.offer import AGENT_ANSWERED, DRAFT_WITHHELD, SUMMARY_UNSURE
-from pipeline.model.decoding.programs import MAX_PROGRAMS, Programs
+from pipeline.model.decoding.programs import Programs
 from pipeline.model.decoding.state import detokenize, model_state, stateless_scope, token_ids
 from pipeline.model.decoding.step import (
     decoding_cache,
@@ -86,6 +86,13 @@ LOOP_COMPILER_OPTIONS = {"xla_cpu_copy_insertion_use_region_analysis": True}
 loop's read of the cache is done before the in-place write of the new key and value. With region
 analysis it can (8 rows, ~700 positions: 105 -> 80 ms a step, the same tokens)."""
 
+ONE_PASS_PROGRAMS = 4
+"""Compiled programs a one-pass decoder holds: a batch needs its prefills (1-3 groups) and one
+decoding loop. 32 eval chats, 8 a call (13 programs met), second pass, on a 2-core AMX Xeon: 8 held
+(`MAX_PROGRAMS`) 2,116 MiB after the pass and 2,619 at peak; 4 held 1,668 and 2,237; 3 held 1,497 and
+2,091; 61.6, 55.4 and 62.5 s, within the ~10% runs move here (a dropped program comes back from
+XLA's compilation cache on disk in a few seconds)."""
+
 NO_MACRO = "no_macro"  # the flag of a chat whose language has no macro that fits: no draft
 FROM_LIBRARY = "reply_from_library"  # the flag of a draft that is a library macro
 
@@ -119,7 +126,7 @@ class OnePassDecoder:
     def __init__(self, causal_lm, *, max_prompt_tokens: int = MAX_PROMPT_TOKENS,
                  summary_tokens: int = SUMMARY_TOKENS, reply_tokens: int = REPLY_TOKENS,
                  calibration: LabelCalibration = LabelCalibration(), step_dtype: str = "bfloat16",
-                 ground_numbers: bool = True, prompt_format: int = 1, max_programs: int = MAX_PROGRAMS):
+                 ground_numbers: bool = True, prompt_format: int = 1, max_programs: int = ONE_PASS_PROGRAMS):
         self.lm = causal_lm
         self.backbone = causal_lm.backbone
         tokenizer = causal_lm.preprocessor.tokenizer
