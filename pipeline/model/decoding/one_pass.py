@@ -189,11 +189,7 @@ class OnePassDecoder:
         none (P = 0), the prompts whole."""
         size = len(self.preamble)
         if not all(len(row) > size and tuple(row[:size]) == self.preamble for row in rows):
-            size = 0
-        if size == 0:
-            shape = (1, 0, self.backbone.num_key_value_heads, self.backbone.head_dim)
-            none = jnp.zeros(shape, self.lm.compute_dtype)
-            return tuple((none, none) for _ in range(self.backbone.num_layers)), 0
+            return empty_cache(self.backbone, 1, 0, self.lm.compute_dtype), 0
         self._note(f"one-pass preamble length={size}")
         return self._once_per_state("_preamble", state, lambda: self._preamble_cache(
             state, jnp.array([self.preamble], "int32"))), size
