@@ -4,7 +4,7 @@ batch of token rows is grouped and padded to them. Model-independent, cheap to t
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -59,17 +59,25 @@ PREFILL_OVERHEAD_TOKENS = 256
 """What one more prefill call costs beside its padded tokens, in tokens: its head and vocabulary
 projections and a pass over the weights (measured here: ~0.2 s, at ~1,100 prefilled tokens/s)."""
 
+RELOAD_TOKENS = 3072
+"""What a prefill of a shape whose program is not held costs more, in tokens: ~3 s to trace it,
+lower it and read it from the compilation cache (`programs.py`), at ~1,100 prefilled tokens/s."""
 
-def prefill_groups(lengths: Sequence[int], overhead: int = PREFILL_OVERHEAD_TOKENS) -> list[list[int]]:
+
+def prefill_groups(lengths: Sequence[int], overhead: int = PREFILL_OVERHEAD_TOKENS,
+                   held: Callable[[int, int], bool] | None = None, reload: int = RELOAD_TOKENS) -> list[list[int]]:
     """Indices sorted by length, split into the groups that prefill the fewest padded tokens: each
-    group pads to its own batch and length buckets and costs `overhead` more. One long chat among
-    short ones gets a prefill of its own instead of padding every row to its length."""
+    group pads to its own batch and length buckets and costs `overhead` more, and `reload` more
+    where `held(batch, length)` says that shape's program is not compiled. One long chat among
+    short ones gets a prefill of its own instead of padding every row to its length; a worker
+    settles on the shapes it holds instead of reloading a program for a few padded tokens."""
     order = sorted(range(len(lengths)), key=lambda i: lengths[i])
     best, start_of = [0] + [None] * len(order), [0] * (len(order) + 1)
     for end in range(1, len(order) + 1):
         for start in range(end):
-            cost = best[start] + overhead + (bucket(end - start, BATCH_BUCKETS)
-                                             * bucket(lengths[order[end - 1]], LENGTH_BUCKETS))
+            batch, length = bucket(end - start, BATCH_BUCKETS), bucket(lengths[order[end - 1]], LENGTH_BUCKETS)
+            missing = reload if held is not None and not held(batch, length) else 0
+            cost = best[start] + overhead + missing + batch * length
             if best[end] is None or cost < best[end]:
                 best[end], start_of[end] = cost, start
     groups, end = [], len(order)

@@ -2,7 +2,8 @@
 
 For a batch of chats:
 1. the prompts are prefilled once, in groups of similar lengths (`buckets.prefill_groups`: one
-   long chat gets a prefill of its own rather than padding every row to its length). Every
+   long chat gets a prefill of its own rather than padding every row to its length, and shapes
+   whose programs are compiled are preferred to loading another). Every
    prompt starts with the same preamble (BOS and the template's text before the chat, 63 of a
    typical prompt's ~190 tokens in format 2): its keys and values are computed once per model
    state and copied into each group's cache, which prefills only the rest of each prompt,
@@ -41,6 +42,7 @@ from pipeline.model.decoding.buckets import (
     BATCH_BUCKETS,
     LENGTH_BUCKETS,
     PREFILL_OVERHEAD_TOKENS,
+    RELOAD_TOKENS,
     bucket,
     padded_rows,
     prefill_groups,
@@ -90,8 +92,8 @@ ONE_PASS_PROGRAMS = 4
 """Compiled programs a one-pass decoder holds: a batch needs its prefills (1-3 groups) and one
 decoding loop. 32 eval chats, 8 a call (13 programs met), second pass, on a 2-core AMX Xeon: 8 held
 (`MAX_PROGRAMS`) 2,116 MiB after the pass and 2,619 at peak; 4 held 1,668 and 2,237; 3 held 1,497 and
-2,091; 61.6, 55.4 and 62.5 s, within the ~10% runs move here (a dropped program comes back from
-XLA's compilation cache on disk in a few seconds)."""
+2,091. A worker holding 4 settles its prefill groups on the shapes it holds (`buckets.prefill_groups`,
+`Program.holds`) and runs one loop program per length bucket, not two: 9 programs met, not 13."""
 
 NO_MACRO = "no_macro"  # the flag of a chat whose language has no macro that fits: no draft
 FROM_LIBRARY = "reply_from_library"  # the flag of a draft that is a library macro
@@ -142,6 +144,7 @@ class OnePassDecoder:
         self._token_codes = grounding.token_codes(pieces) if ground_numbers else None
         self._visible = visible_characters(pieces)
         self.prefill_overhead = PREFILL_OVERHEAD_TOKENS  # see buckets.prefill_groups
+        self.reload_cost = RELOAD_TOKENS  # a prefill shape not compiled, in tokens (the same)
         self.compiles: list[str] = []
         self._lock = threading.Lock()
         self.programs = Programs(max_programs)  # the compiled programs held (`programs.py`)
@@ -150,6 +153,14 @@ class OnePassDecoder:
         self._preamble: tuple = ((), None)  # (the state they came from, its preamble's cache)
         self.step_dtype = step_dtype
         self._prepared: tuple = ((), None)  # (the state they came from, its step weights)
+
+    @property
+    def decoding_steps(self) -> int:
+        """The decoding loop's bound: the summary, its stop, the reply cue and the reply, with room to
+        finish a number open at each length limit. The same whether or not a row may reply (the loop
+        ends when every row is done): one loop program per length bucket, not two."""
+        steps = self.summary_tokens + 1 + len(self.vocabulary.reply_cue) + self.reply_tokens
+        return steps + (2 * grounding.MAX_CHARACTERS if self.ground_numbers else 0)
 
     def _tokenize(self, text: str) -> list[int]:
         return token_ids(self.tokenizer, text)
@@ -346,7 +357,15 @@ class OnePassDecoder:
         bias = np.asarray(self.calibration.bias, "float32")
         state = self._state()
         order, label_logits, first_logits, caches = [], [], [], []
-        for group in prefill_groups([len(p) for p in prompts], self.prefill_overhead):
+        shared = self._preamble_for(state, prompts)
+
+        def held(batch: int, width: int) -> bool:  # is a prefill of this shape compiled (the batch's preamble)?
+            preamble, start = shared
+            rest = jax.ShapeDtypeStruct((batch, width - start), "int32")
+            return self._prefill.holds(state, preamble, rest, jax.ShapeDtypeStruct(rest.shape, bool), bias,
+                                       length - width, label_only=label_only)
+
+        for group in prefill_groups([len(p) for p in prompts], self.prefill_overhead, held, self.reload_cost):
             rows = [prompts[i] for i in group]
             preamble, start = self._preamble_for(state, rows)
             width = bucket(max(map(len, rows)), LENGTH_BUCKETS)  # the group's prompts end here
@@ -368,10 +387,7 @@ class OnePassDecoder:
         if label_only:
             return results
 
-        may_reply = any(w != "none" for w in wants)
-        steps = self.summary_tokens + 1 + (len(self.vocabulary.reply_cue) + self.reply_tokens if may_reply else 0)
-        if self.ground_numbers:  # room to finish a number open at each length limit
-            steps += grounding.MAX_CHARACTERS * (2 if may_reply else 1)
+        steps = self.decoding_steps
         batch = bucket(len(prompts), BATCH_BUCKETS)
         rows = order + [order[0]] * (batch - len(order))  # the decoding batch's rows, padded with a repeat
         width = length + 1 + len(self.vocabulary.summary_cue)  # the prompts, the label, the summary cue

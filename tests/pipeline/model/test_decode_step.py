@@ -194,6 +194,7 @@ def test_a_prefill_widens_one_layers_kernels_at_a_time(model_cache, monkeypatch)
                     compiled = jax.jit(function, **options).lower(*args, **static).compile()
                     temps.append(compiled.memory_analysis().temp_size_in_bytes)
                 return call(*args, **static)
+            measured.holds = call.holds
             return measured
 
     monkeypatch.setattr(one_pass, "Programs", Measured)

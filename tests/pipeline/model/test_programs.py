@@ -3,6 +3,7 @@ and both engines on a tiny random Gemma holding one program at a time."""
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import pytest
 
@@ -32,6 +33,30 @@ def test_programs_beyond_the_limit_are_dropped_least_recently_used_first():
     assert traced == [((3,), 2), ((4,), 2), ((3,), 3), ((4,), 2)]
     with pytest.raises(ValueError, match="at least one"):
         Programs(limit=0)
+
+
+def test_a_program_says_whether_arguments_of_a_shape_would_find_it_compiled():
+    programs = Programs(limit=1)
+    run = programs.jit(lambda x, factor: x * factor, static_argnames=("factor",))
+    assert not run.holds(jax.ShapeDtypeStruct((3,), "float32"), factor=2)
+    run(jnp.ones(3), factor=2)
+    assert run.holds(jax.ShapeDtypeStruct((3,), "float32"), factor=2) and run.holds(jnp.zeros(3), factor=2)
+    assert not run.holds(jax.ShapeDtypeStruct((3,), "float32"), factor=3)  # another static value
+    assert not run.holds(jax.ShapeDtypeStruct((3,), "int32"), factor=2)  # another dtype
+    run(jnp.ones(4), factor=2)
+    assert not run.holds(jnp.ones(3), factor=2)  # dropped: the limit is one
+
+
+def test_one_decoding_loop_program_serves_batches_with_and_without_replies(tiny_lm):
+    """The loop's bound does not depend on whether a row may reply (it ends when every row is done):
+    one program, not one for each, and the same summaries either way."""
+    window = load_examples(DATA_DIR / "v2" / "train.jsonl")[0].window
+    decoder = OnePassDecoder(tiny_lm, summary_tokens=4, reply_tokens=3)
+    without, with_replies = decoder.run([window], "none"), decoder.run([window], "all")
+    loops = [key for key in decoder.compiles if "decode" in key]
+    assert len(loops) == 1 and loops[0].endswith(f"steps={decoder.decoding_steps}"), loops
+    assert with_replies[0].reply is not None and without[0].reply is None
+    assert without[0].summary == with_replies[0].summary
 
 
 def test_a_decoder_holding_one_program_gives_what_one_holding_all_gives(tiny_lm):

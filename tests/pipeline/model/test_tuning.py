@@ -189,7 +189,8 @@ def greedy_without_cache(lm, tokens: list[int], stops: set[int], limit: int, wid
 
 def test_one_pass_equals_separate_scoring_and_generation(tiny_lm, chats):
     decoder = OnePassDecoder(tiny_lm, summary_tokens=5, reply_tokens=4)
-    decoder.prefill_overhead = 0  # each length bucket its own prefill: the shorter one's keys shifted on
+    # each length bucket its own prefill: the shorter one's keys shifted on
+    decoder.prefill_overhead = decoder.reload_cost = 0
     v = decoder.vocabulary
     windows = [chats[0].window, chats[3].window]  # different lengths: left padding in one batch
     outputs = decoder._run_batch([v.prompt(w)[0] for w in windows], ["all", "all"])
@@ -230,7 +231,7 @@ def test_the_preamble_is_computed_once_and_a_prompt_without_it_is_prefilled_whol
     its keys and values are computed once per model state, and each group prefills only what comes
     after it. A group with a prompt that does not start with it is prefilled whole."""
     decoder = OnePassDecoder(tiny_lm, summary_tokens=4, reply_tokens=3)
-    decoder.prefill_overhead = 0  # a prefill per length bucket
+    decoder.prefill_overhead = decoder.reload_cost = 0  # a prefill per length bucket
     v = decoder.vocabulary
     prompts = [v.prompt(e.window)[0] for e in chats]
     assert 25 <= len(decoder.preamble) < min(map(len, prompts))
@@ -240,7 +241,8 @@ def test_the_preamble_is_computed_once_and_a_prompt_without_it_is_prefilled_whol
     decoder._preamble_cache = lambda *args: made.append(args) or make(*args)
     cached = decoder._run_batch(prompts, ["all"] * len(prompts))
     whole = OnePassDecoder(tiny_lm, summary_tokens=4, reply_tokens=3)
-    whole.prefill_overhead, whole.preamble = 0, ()  # every prompt prefilled whole (the test above: = greedy)
+    # every prompt prefilled whole (the test above: = greedy)
+    whole.prefill_overhead, whole.reload_cost, whole.preamble = 0, 0, ()
     expected = whole._run_batch(prompts, ["all"] * len(prompts))
     prefills = [c for c in decoder.compiles if "prefill" in c]
     assert len([c for c in prefills if c.endswith(" whole")]) == 1 < len(prefills)
