@@ -80,7 +80,7 @@ def test_prefill_groups_give_one_long_chat_its_own_prefill_and_keep_similar_ones
 
 def test_prefill_groups_prefer_a_shape_whose_program_is_held_to_loading_another():
     lengths = [118, 120, 235]
-    assert prefill_groups(lengths) == [[0, 1], [2]]  # 2 x 128 and 1 x 256: 768 padded tokens, not 4 x 256's 1,024
+    assert prefill_groups(lengths) == [[0, 1], [2]]  # 2 x 128 + 1 x 256 and two calls: 1,024, not 4 x 256 + one: 1,280
     assert prefill_groups(lengths, held=lambda batch, length: (batch, length) == (4, 256)) == [[0, 1, 2]]
     both = {(2, 128), (1, 256)}
     assert prefill_groups(lengths, held=lambda batch, length: (batch, length) in both) == [[0, 1], [2]]

@@ -144,7 +144,7 @@ class OnePassDecoder:
         self._token_codes = grounding.token_codes(pieces) if ground_numbers else None
         self._visible = visible_characters(pieces)
         self.prefill_overhead = PREFILL_OVERHEAD_TOKENS  # see buckets.prefill_groups
-        self.reload_cost = RELOAD_TOKENS  # a prefill shape not compiled, in tokens (the same)
+        self.reload_cost = RELOAD_TOKENS  # a prefill shape not compiled, in tokens (see the same)
         self.compiles: list[str] = []
         self._lock = threading.Lock()
         self.programs = Programs(max_programs)  # the compiled programs held (`programs.py`)
