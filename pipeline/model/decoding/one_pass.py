@@ -88,12 +88,13 @@ LOOP_COMPILER_OPTIONS = {"xla_cpu_copy_insertion_use_region_analysis": True}
 loop's read of the cache is done before the in-place write of the new key and value. With region
 analysis it can (8 rows, ~700 positions: 105 -> 80 ms a step, the same tokens)."""
 
-ONE_PASS_PROGRAMS = 4
+ONE_PASS_PROGRAMS = 8
 """Compiled programs a one-pass decoder holds: a batch needs its prefills (1-3 groups) and one
-decoding loop. 32 eval chats, 8 a call (13 programs met), second pass, on a 2-core AMX Xeon: 8 held
-(`MAX_PROGRAMS`) 2,116 MiB after the pass and 2,619 at peak; 4 held 1,668 and 2,237; 3 held 1,497 and
-2,091. A worker holding 4 settles its prefill groups on the shapes it holds (`buckets.prefill_groups`,
-`Program.holds`) and runs one loop program per length bucket, not two: 9 programs met, not 13."""
+decoding loop. 32 eval chats, 8 a call, second pass, on a 2-core AMX Xeon, with the prefill's layers
+under one scan (`step.forward_cached`): 4 held 55.7 s, 1,488 MiB after the pass and 2,001 at peak;
+8 held 34.3 s, 1,664 and 2,067; all 9 met 35.1 s, 1,696 and 2,119 (before the scan, 4 held took
+55-63 s at 1,626 and 2,245). A worker settles its prefill groups on the shapes it holds
+(`buckets.prefill_groups`, `Program.holds`) and runs one loop program per length bucket."""
 
 NO_MACRO = "no_macro"  # the flag of a chat whose language has no macro that fits: no draft
 FROM_LIBRARY = "reply_from_library"  # the flag of a draft that is a library macro

@@ -1,15 +1,16 @@
 """A bounded set of compiled XLA programs: what keeps a long-running worker's memory flat.
 
 A decoder compiles one program per batch and length bucket it meets, and `jax.jit` keeps every
-one for the life of the process. On a CPU each holds 50-100 MB (a prefill ~95 MB, a decoding
-loop ~55 MB, measured here), so a worker that has met 30 shapes holds 2-3 GB of programs it
-mostly no longer runs. `Programs` holds at most `limit` of them and drops the least recently
-used; one needed again comes back from XLA's on-disk compilation cache
+one for the life of the process. On a CPU each holds tens of MB (a decoding loop 11-44 MiB, a
+prefill 50-80 MiB while its 36 layer runs were unrolled; with them under one scan, the 9 programs
+of 32 eval chats held 1,696 MiB, not 1,946, measured here), so a worker that has met 30 shapes
+would hold GBs of programs it mostly no longer runs. `Programs` holds at most `limit` of them and
+drops the least recently used; one needed again comes back from XLA's on-disk compilation cache
 (`loading.sources.use_compilation_cache`), or is compiled again where that cache is off.
 
-A program comes back at a price: its function traced again through keras-hub's layers (~1.7 s
-for a prefill here), lowered (~0.4 s) and read from the cache (~1 s). A decoder that can choose
-its shapes (`one_pass`, its prefill groups) asks `holds` first.
+A program comes back at a price: its function traced again through keras-hub's layers (~0.6 s
+for a prefill here, 1.6 s unrolled), lowered and read from the cache or compiled (a fresh prefill
+~4.5 s). A decoder that can choose its shapes (`one_pass`, its prefill groups) asks `holds` first.
 
 Each program is compiled ahead of time (`jax.jit(...).trace(...).lower().compile()`) and held as
 that one executable: `jax.jit`'s own caches also kept each shape's traced and lowered forms,

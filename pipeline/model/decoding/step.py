@@ -24,6 +24,8 @@ on keras-hub's layers in the model's own dtype.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import keras
@@ -211,13 +213,48 @@ def embed(backbone, token_ids):
 
 def forward_cached(backbone, token_ids, cache, index, key_mask):
     """Final hidden states of `token_ids` written at `index` of keras-hub's own (B, T, K, H) cache,
-    through keras-hub's layers (the prefill); no vocabulary projection."""
+    through keras-hub's layers (the prefill); no vocabulary projection.
+
+    The layers run under one `jax.lax.scan`, not one after another: each step picks its layer's
+    weights (`jax.lax.switch`, a copy of that layer's ~11 MB) and runs one layer of its kind (a
+    sliding-window one or a global one; `layer_kinds`) on them. An XLA program so holds two layers'
+    code, not 18: unrolled, a prefill (prompt and head, 36 layer runs) had 2,041 fusions and held
+    50-80 MiB, and bringing one back (traced through keras-hub again, lowered, read from XLA's
+    cache) took ~3 s. The same arithmetic, layer by layer."""
     x = embed(backbone, token_ids)
-    caches = []
-    for layer, layer_cache in zip(backbone.transformer_layers, cache):
-        x, layer_cache = layer(x, cache=layer_cache, cache_update_index=index, padding_mask=key_mask)
-        caches.append(layer_cache)
-    return backbone.layer_norm(x), tuple(caches)
+    layers = backbone.transformer_layers
+    templates, kinds = layer_kinds(layers)
+    weights = [tuple(variable.value for variable in layer.variables) for layer in layers]  # in the caller's scope
+
+    def run(template, layer_weights, x, layer_cache):
+        with keras.StatelessScope(state_mapping=zip(template.variables, layer_weights)):
+            return template(x, cache=layer_cache, cache_update_index=index, padding_mask=key_mask)
+
+    def layer_step(x, scanned):
+        number, kind, layer_cache = scanned
+        layer_weights = jax.lax.switch(number, [functools.partial(lambda w: w, w) for w in weights])
+        x, layer_cache = jax.lax.switch(kind, [functools.partial(run, t) for t in templates],
+                                        layer_weights, x, layer_cache)
+        return x, layer_cache
+
+    stacked = tuple(jnp.stack(part) for part in zip(*cache))  # (layers, B, T, K, H) keys, then values
+    x, (keys, values) = jax.lax.scan(layer_step, x, (jnp.arange(len(layers)), jnp.asarray(kinds, "int32"), stacked))
+    return backbone.layer_norm(x), tuple(zip(keys, values))
+
+
+def layer_kinds(layers):
+    """The distinct kinds of layers (those whose configurations differ only in name and whose weights
+    have the same shapes: Gemma 3's sliding-window and global ones), one of each as its template, and
+    each layer's kind."""
+    configs, templates, kinds = [], [], []
+    for layer in layers:
+        config = ({key: value for key, value in layer.get_config().items() if key != "name"},
+                  [(tuple(variable.shape), str(variable.dtype)) for variable in layer.variables])  # LoRA or not
+        if config not in configs:
+            configs.append(config)
+            templates.append(layer)
+        kinds.append(configs.index(config))
+    return templates, kinds
 
 
 def forward_one(backbone, weights, token_ids, cache, index, key_mask):

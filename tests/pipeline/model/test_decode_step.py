@@ -248,3 +248,38 @@ def test_a_model_served_in_the_steps_dtype_keeps_its_weights_once(model_cache):
     held = {id(a) for part in state for a in part}
     served = decoder._weights(state)
     assert all(id(a) in held for a in [served["vocabulary"], *(a for layer in served["layers"] for a in layer.values())])
+
+
+def test_the_prefills_scan_over_layers_equals_keras_hubs_layers_one_after_another():
+    """`forward_cached` runs the layers under one scan, each step a layer of its kind on its own
+    weights: the same hidden states and cache as the layers called in turn, on a backbone with
+    both kinds (Gemma 3's sixth layer attends to everything, the others to a window)."""
+    import keras
+    import keras_hub
+
+    from pipeline.model.decoding.step import embed, layer_kinds
+
+    keras.utils.set_random_seed(5)
+    backbone = keras_hub.models.Gemma3Backbone(
+        vocabulary_size=64, image_size=None, num_layers=7, num_query_heads=4, num_key_value_heads=2,
+        hidden_dim=32, intermediate_dim=64, head_dim=8, query_head_dim_normalize=True, use_query_key_norm=True,
+        use_post_ffw_norm=True, use_post_attention_norm=True, attention_logit_soft_cap=None,
+        final_logit_soft_cap=None, use_sliding_window_attention=True, sliding_window_size=4, dtype="float32")
+    templates, kinds = layer_kinds(backbone.transformer_layers)
+    assert kinds == [0, 0, 0, 0, 0, 1, 0] and len(templates) == 2
+
+    rng = np.random.default_rng(6)
+    batch, length, index = 2, 12, 3
+    cache = random_cache(backbone, rng, batch, length)
+    key_mask = jnp.asarray(np.arange(length)[None, :] >= np.array([[0], [2]]))
+    tokens = jnp.asarray(rng.integers(0, 64, (batch, 6)), "int32")
+    x, expected_cache = embed(backbone, tokens), []
+    for layer, layer_cache in zip(backbone.transformer_layers, cache):
+        x, layer_cache = layer(x, cache=layer_cache, cache_update_index=index, padding_mask=key_mask)
+        expected_cache.append(layer_cache)
+
+    hidden, new_cache = forward_cached(backbone, tokens, cache, index, key_mask)
+    np.testing.assert_allclose(np.asarray(hidden), np.asarray(backbone.layer_norm(x)), rtol=1e-5, atol=1e-5)
+    for (k, v), (k_ref, v_ref) in zip(new_cache, expected_cache, strict=True):
+        np.testing.assert_allclose(np.asarray(k), np.asarray(k_ref), atol=1e-5)
+        np.testing.assert_allclose(np.asarray(v), np.asarray(v_ref), atol=1e-5)
