@@ -283,11 +283,14 @@ class OnePassDecoder:
         codes = jnp.asarray(self._token_codes) if ground else None
         symbols = jnp.asarray(grounding.symbol_ids(self._token_codes)) if ground else None
 
-        @functools.partial(self.programs.jit, static_argnames=("steps",), compiler_options=LOOP_COMPILER_OPTIONS)
+        @functools.partial(self.programs.jit, static_argnames=("steps",), donate_argnames=("cache",),
+                           compiler_options=LOOP_COMPILER_OPTIONS)
         def decode(state, weights, cache, logits, key_mask, wants_reply, numbers, steps):
             """Greedy summary then reply tokens, each token's phase and its log-probability under
             the model (before the number mask: what the model itself believed), `steps` at most; with
-            `ground_numbers`, writing only the numbers in `numbers` (`grounding.number_table`)."""
+            `ground_numbers`, writing only the numbers in `numbers` (`grounding.number_table`). The
+            cache is donated and returned spent: the loop carries it in its own buffers, not a copy
+            (8 rows of 384 positions of Gemma 3 270M: 138 -> 62 MiB of working memory)."""
             batch, total = key_mask.shape
 
             def step(carry):
@@ -328,8 +331,8 @@ class OnePassDecoder:
             carry = (0, cache, logits, zeros + SUMMARY, zeros, zeros, zeros, jnp.zeros((batch, steps), "int32"),
                      jnp.full((batch, steps), DONE, "int32"), jnp.zeros((batch, steps), "float32"),
                      grounding.NumberState.start(numbers) if ground else ())
-            *_, tokens, phases, believed, _ = jax.lax.while_loop(running, step, carry)
-            return tokens, phases, believed
+            _, cache, *_, tokens, phases, believed, _ = jax.lax.while_loop(running, step, carry)
+            return tokens, phases, believed, cache
 
         return preamble_cache, prefill, decode
 
@@ -401,8 +404,9 @@ class OnePassDecoder:
         wants_reply[len(order):] = False
         numbers = grounding.number_table(self._decode(prompts[i]) for i in rows) if self.ground_numbers else None
         self._note(f"one-pass decode batch={batch} length={length} steps={steps}")
-        tokens, phases, believed = map(np.asarray, self._decode_loop(state, self._weights(state), cache, first,
-                                                                key_mask, wants_reply, numbers, steps=steps))
+        tokens, phases, believed, _ = self._decode_loop(state, self._weights(state), cache, first, key_mask,
+                                                        wants_reply, numbers, steps=steps)
+        tokens, phases, believed = map(np.asarray, (tokens, phases, believed))
         for row, i in enumerate(order):
             summary = [t for t, p in zip(tokens[row], phases[row]) if p == SUMMARY]
             reply = [t for t, p in zip(tokens[row], phases[row]) if p == REPLY]

@@ -59,6 +59,25 @@ def test_one_decoding_loop_program_serves_batches_with_and_without_replies(tiny_
     assert without[0].summary == with_replies[0].summary
 
 
+def test_the_decoding_loop_decodes_in_the_buffers_of_the_cache_it_is_given(tiny_lm):
+    """The batch's decoding cache is donated to the loop, which carries it in those buffers rather
+    than a copy beside them (8 rows of 384 positions of Gemma 3 270M: 138 -> 62 MiB of working
+    memory): the arrays passed are spent after the call."""
+    window = load_examples(DATA_DIR / "v2" / "train.jsonl")[0].window
+    decoder = OnePassDecoder(tiny_lm, summary_tokens=4, reply_tokens=3)
+    given, loop = [], decoder._decode_loop
+
+    def recording(state, weights, cache, *args, **static):
+        given.extend(jax.tree_util.tree_leaves(cache))
+        return loop(state, weights, cache, *args, **static)
+
+    recording.holds = loop.holds
+    decoder._decode_loop = recording
+    output, = decoder.run([window], "all")
+    assert output.summary_tokens > 0
+    assert given and all(array.is_deleted() for array in given)
+
+
 def test_a_decoder_holding_one_program_gives_what_one_holding_all_gives(tiny_lm):
     """Prefills and decoding loops of three shapes, each dropped and compiled again in turn: the
     same labels, summaries, replies and confidences as a decoder that keeps every program."""
