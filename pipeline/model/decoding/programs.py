@@ -1,11 +1,11 @@
 """A bounded set of compiled XLA programs: what keeps a long-running worker's memory flat.
 
 A decoder compiles one program per batch and length bucket it meets, and `jax.jit` keeps every
-one for the life of the process. On a CPU each holds tens of MB (a decoding loop 11-44 MiB, a
-prefill 50-80 MiB while its 36 layer runs were unrolled; with them under one scan, the 9 programs
-of 32 eval chats held 1,696 MiB, not 1,946, measured here), so a worker that has met 30 shapes
-would hold GBs of programs it mostly no longer runs. `Programs` holds at most `limit` of them and
-drops the least recently used; one needed again comes back from XLA's on-disk compilation cache
+one for the life of the process. On a CPU each holds tens of MB (RSS as each is compiled, measured
+here: a decoding loop 59-88 MiB, a prefill 33-53 MiB with its layers under one scan, 111-135 MiB
+while they were unrolled), so a worker that has met 30 shapes would hold GBs of programs it
+mostly no longer runs. `Programs` holds at most `limit` of them and drops the least recently used;
+one needed again comes back from XLA's on-disk compilation cache
 (`loading.sources.use_compilation_cache`), or is compiled again where that cache is off.
 
 A program comes back at a price: its function traced again through keras-hub's layers (~0.6 s
