@@ -404,9 +404,9 @@ class OnePassDecoder:
         wants_reply[len(order):] = False
         numbers = grounding.number_table(self._decode(prompts[i]) for i in rows) if self.ground_numbers else None
         self._note(f"one-pass decode batch={batch} length={length} steps={steps}")
-        tokens, phases, believed, _ = self._decode_loop(state, self._weights(state), cache, first, key_mask,
-                                                        wants_reply, numbers, steps=steps)
-        tokens, phases, believed = map(np.asarray, (tokens, phases, believed))
+        *outputs, _spent_cache = self._decode_loop(state, self._weights(state), cache, first, key_mask, wants_reply,
+                                                   numbers, steps=steps)
+        tokens, phases, believed = map(np.asarray, outputs)
         for row, i in enumerate(order):
             summary = [t for t, p in zip(tokens[row], phases[row]) if p == SUMMARY]
             reply = [t for t, p in zip(tokens[row], phases[row]) if p == REPLY]

@@ -15,18 +15,23 @@ from pipeline.model.decoding.step import (
 )
 
 
-@pytest.fixture(scope="module")
-def backbone():
+def tiny_backbone(seed: int, num_layers: int):
+    """A tiny random float32 Gemma 3, with a sliding window of 4 so that a decoded position sees only
+    part of the cache on those layers (Gemma 3's every sixth layer attends to everything)."""
     import keras
     import keras_hub
 
-    keras.utils.set_random_seed(3)
-    # a sliding window of 4 so that the decoded position sees only part of the cache on those layers
+    keras.utils.set_random_seed(seed)
     return keras_hub.models.Gemma3Backbone(
-        vocabulary_size=64, image_size=None, num_layers=2, num_query_heads=4, num_key_value_heads=2,
+        vocabulary_size=64, image_size=None, num_layers=num_layers, num_query_heads=4, num_key_value_heads=2,
         hidden_dim=32, intermediate_dim=64, head_dim=8, query_head_dim_normalize=True, use_query_key_norm=True,
         use_post_ffw_norm=True, use_post_attention_norm=True, attention_logit_soft_cap=None,
         final_logit_soft_cap=None, use_sliding_window_attention=True, sliding_window_size=4, dtype="float32")
+
+
+@pytest.fixture(scope="module")
+def backbone():
+    return tiny_backbone(seed=3, num_layers=2)
 
 
 def random_cache(backbone, rng, batch, length):
@@ -254,17 +259,9 @@ def test_the_prefills_scan_over_layers_equals_keras_hubs_layers_one_after_anothe
     """`forward_cached` runs the layers under one scan, each step a layer of its kind on its own
     weights: the same hidden states and cache as the layers called in turn, on a backbone with
     both kinds (Gemma 3's sixth layer attends to everything, the others to a window)."""
-    import keras
-    import keras_hub
-
     from pipeline.model.decoding.step import embed, layer_kinds
 
-    keras.utils.set_random_seed(5)
-    backbone = keras_hub.models.Gemma3Backbone(
-        vocabulary_size=64, image_size=None, num_layers=7, num_query_heads=4, num_key_value_heads=2,
-        hidden_dim=32, intermediate_dim=64, head_dim=8, query_head_dim_normalize=True, use_query_key_norm=True,
-        use_post_ffw_norm=True, use_post_attention_norm=True, attention_logit_soft_cap=None,
-        final_logit_soft_cap=None, use_sliding_window_attention=True, sliding_window_size=4, dtype="float32")
+    backbone = tiny_backbone(seed=5, num_layers=7)
     templates, kinds = layer_kinds(backbone.transformer_layers)
     assert kinds == [0, 0, 0, 0, 0, 1, 0] and len(templates) == 2
 
