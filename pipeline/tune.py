@@ -162,6 +162,7 @@ def run(args: argparse.Namespace) -> int:
         manifest["base_model"], manifest["base_spec"] = source.model_id, args.model
         manifest.update(served_as(args.out if args.train == "lora" else SHIPPED_ADAPTER))
     manifest["prompt_format"] = prompt_format
+    engine.decoder.answer_vocabulary = AdapterServing.from_json(manifest).answer_vocabulary  # as it will be served
     manifest["label_calibration"] = calibrate(engine, dev)
     manifest["dev"] = dev_figures(engine, dev)
     manifest["wall_seconds"] = round(time.perf_counter() - started, 1)  # this run: loading, training, dev figures
@@ -274,7 +275,17 @@ def train(args: argparse.Namespace, lm, engine, dev: list[Example]) -> dict:
         "history": progress["history"],
         "chosen_epoch": chosen,
         "train_seconds": round(progress.get("train_seconds", 0.0), 1),  # optimizer steps, over every --resume
+        "answer_vocabulary": answer_vocabulary(engine, train_set).to_json(),
     }
+
+
+def answer_vocabulary(engine, examples: list[Example]):
+    """The tokens of the chats and answers a model learnt from (`decoding/answer_vocabulary.py`):
+    with its tokenizer's common pieces and each batch's prompts, what its decoder may write."""
+    from pipeline.model.decoding.answer_vocabulary import AnswerVocabulary
+
+    return AnswerVocabulary.of_texts(engine.decoder._tokenize, (
+        text for e in examples for text in [*(m.text for m in e.window.messages), e.summary, e.reply] if text))
 
 
 def served_as(out: Path) -> dict:

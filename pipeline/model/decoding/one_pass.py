@@ -22,7 +22,8 @@ For a batch of chats:
 Numbers in a summary or reply are the chat's own (`pipeline/model/decoding/grounding.py`: a mask on
 each step's logits). Every row advances one position per step, so a row's sequence has no gaps and is exactly
 what it was trained on. The vocabulary projection runs only where a token is read: the
-last prompt position and one position per decoding step."""
+last prompt position and one position per decoding step; there, with an answer vocabulary in the
+adapter's manifest, on the rows of the tokens the model may write (`answer_vocabulary.py`)."""
 
 from __future__ import annotations
 
@@ -47,6 +48,7 @@ from pipeline.model.decoding.buckets import (
     padded_rows,
     prefill_groups,
 )
+from pipeline.model.decoding.answer_vocabulary import AnswerVocabulary
 from pipeline.model.decoding.calibration import LabelCalibration
 from pipeline.model.decoding.extractive import extractive_summary
 from pipeline.model.decoding.macros import choose, written
@@ -129,7 +131,8 @@ class OnePassDecoder:
     def __init__(self, causal_lm, *, max_prompt_tokens: int = MAX_PROMPT_TOKENS,
                  summary_tokens: int = SUMMARY_TOKENS, reply_tokens: int = REPLY_TOKENS,
                  calibration: LabelCalibration = LabelCalibration(), step_dtype: str = "bfloat16",
-                 ground_numbers: bool = True, prompt_format: int = 1, max_programs: int = ONE_PASS_PROGRAMS):
+                 ground_numbers: bool = True, prompt_format: int = 1, max_programs: int = ONE_PASS_PROGRAMS,
+                 answer_vocabulary: AnswerVocabulary | None = None):
         self.lm = causal_lm
         self.backbone = causal_lm.backbone
         tokenizer = causal_lm.preprocessor.tokenizer
@@ -144,6 +147,11 @@ class OnePassDecoder:
         pieces = tokenizer.get_vocabulary()
         self._token_codes = grounding.token_codes(pieces) if ground_numbers else None
         self._visible = visible_characters(pieces)
+        # The tokens a row may write (`answer_vocabulary.py`; None: all), and those it always may.
+        self.answer_vocabulary = answer_vocabulary
+        v = self.vocabulary
+        self._always = {v.summary_end, v.eos, *v.reply_cue, *v.summary_cue, *v.labels} | (
+            set(grounding.symbol_ids(self._token_codes).tolist()) - {-1} if ground_numbers else set())
         self.prefill_overhead = PREFILL_OVERHEAD_TOKENS  # see buckets.prefill_groups
         self.reload_cost = RELOAD_TOKENS  # a prefill shape not compiled, in tokens (see the same)
         self.compiles: list[str] = []
@@ -285,29 +293,39 @@ class OnePassDecoder:
 
         @functools.partial(self.programs.jit, static_argnames=("steps",), donate_argnames=("cache",),
                            compiler_options=LOOP_COMPILER_OPTIONS)
-        def decode(state, weights, cache, logits, key_mask, wants_reply, numbers, steps):
+        def decode(state, weights, cache, logits, key_mask, wants_reply, numbers, candidates, steps):
             """Greedy summary then reply tokens, each token's phase and its log-probability under
             the model (before the number mask: what the model itself believed), `steps` at most; with
             `ground_numbers`, writing only the numbers in `numbers` (`grounding.number_table`). The
             cache is donated and returned spent: the loop carries it in its own buffers, not a copy
-            (8 rows of 384 positions of Gemma 3 270M: 138 -> 62 MiB of working memory)."""
+            (8 rows of 384 positions of Gemma 3 270M: 138 -> 62 MiB of working memory).
+            `candidates`: the token ids the rows may write, sorted, and which of them are real
+            (`answer_vocabulary.py`); the step projects on their rows of the vocabulary alone."""
             batch, total = key_mask.shape
+            ids, real = candidates
+            if ids.shape[0] < weights["vocabulary"].shape[0]:  # else every token, in order: nothing to pick
+                weights = dict(weights, vocabulary=jnp.take(weights["vocabulary"], ids, axis=0))
+                logits = logits[:, ids]
+            some_codes = codes[ids] if ground else None
+            some_symbols = jnp.where(symbols >= 0, jnp.searchsorted(ids, symbols), -1) if ground else None
 
             def step(carry):
                 i, cache, logits, phase, count, shown, cue_at, tokens, phases, believed, number = carry
+                logits = jnp.where(real, logits, -jnp.inf)
                 log_probabilities = jax.nn.log_softmax(logits, axis=-1)
                 may_stop = True
                 if ground:
-                    logits = number.mask(logits, numbers, codes, symbols)
+                    logits = number.mask(logits, numbers, some_codes, some_symbols)
                     may_stop = number.may_end(numbers)  # at the length limit, an open number is finished first
-                greedy = jnp.argmax(logits, axis=-1).astype("int32")
+                greedy = ids[jnp.argmax(logits, axis=-1)]
                 token = jnp.select(
                     [phase == REPLY_CUE, (phase == SUMMARY) & (count >= max_summary) & may_stop,
                      (phase == REPLY) & ((count >= max_reply) & may_stop | (shown >= reply_past_cut))],
                     [reply_cue[jnp.minimum(cue_at, reply_cue.shape[0] - 1)], v.summary_end, v.eos], greedy)
                 tokens = tokens.at[:, i].set(token)
                 phases = phases.at[:, i].set(phase)
-                believed = believed.at[:, i].set(jnp.take_along_axis(log_probabilities, token[:, None], axis=1)[:, 0])
+                at = jnp.searchsorted(ids, token)[:, None]  # the token's column: its id where every token is one
+                believed = believed.at[:, i].set(jnp.take_along_axis(log_probabilities, at, axis=1)[:, 0])
                 if ground:
                     number = number.advance(token, numbers, codes)
                 after_summary = jnp.where(wants_reply & (token == v.summary_end), REPLY_CUE, DONE)
@@ -402,10 +420,12 @@ class OnePassDecoder:
         negative = np.argmax(label_logits + bias, axis=-1) == 0  # the label fed in the prefill
         wants_reply = np.array([wants[i] == "all" or (wants[i] == "negative" and negative[i]) for i in rows])
         wants_reply[len(order):] = False
-        numbers = grounding.number_table(self._decode(prompts[i]) for i in rows) if self.ground_numbers else None
+        texts = [self._decode(prompts[i]) for i in rows]
+        numbers = grounding.number_table(texts) if self.ground_numbers else None
         self._note(f"one-pass decode batch={batch} length={length} steps={steps}")
+        candidates = self._candidates([prompts[i] for i in rows], texts)
         *outputs, _spent_cache = self._decode_loop(state, self._weights(state), cache, first, key_mask, wants_reply,
-                                                   numbers, steps=steps)
+                                                   numbers, candidates, steps=steps)
         tokens, phases, believed = map(np.asarray, outputs)
         for row, i in enumerate(order):
             summary = [t for t, p in zip(tokens[row], phases[row]) if p == SUMMARY]
@@ -418,6 +438,18 @@ class OnePassDecoder:
                 summary_confidence=self._confidence(tokens[row], phases[row], believed[row], SUMMARY),
                 reply_confidence=self._confidence(tokens[row], phases[row], believed[row], REPLY) if has_reply else None)
         return results
+
+    def _candidates(self, prompts: Sequence[Sequence[int]], texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        """The token ids this batch may write, sorted, and which of them are real
+        (`answer_vocabulary.py`): every token without an answer vocabulary, or where the batch's
+        would not fit its sizes."""
+        if self.answer_vocabulary is not None:
+            found = self.answer_vocabulary.candidates(self._tokenize, prompts, texts, self._always,
+                                                      self.backbone.vocabulary_size)
+            if found is not None:
+                return found
+        size = self.backbone.vocabulary_size
+        return np.arange(size, dtype="int32"), np.ones(size, bool)
 
     def _confidence(self, tokens, phases, believed, phase: int) -> float | None:
         """`token_confidence` over one output's own words (its stop tokens left out)."""
@@ -458,7 +490,8 @@ class OnePassEngine:
         """`serving`: the adapter's calibration, offer policy, prompt format and styles (its manifest);
         `reply_library`: the team's macros for the "macro" reply styles (default: the shipped ones)."""
         self.decoder = OnePassDecoder(causal_lm, max_prompt_tokens=max_prompt_tokens, calibration=serving.calibration,
-                                      prompt_format=serving.prompt_format)
+                                      prompt_format=serving.prompt_format,
+                                      answer_vocabulary=serving.answer_vocabulary)
         self.serving = serving
         self.reply_library = reply_library or ReplyLibraryFile()
         self.prompt_version = f"tuned-one-pass-v{serving.prompt_format}" + "".join(

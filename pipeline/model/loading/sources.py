@@ -213,6 +213,8 @@ def _with_adapter(base: ModelSource, adapter: Path, cache_dir: Path) -> ModelSou
     for style in ("summary_style", "reply_style"):  # served otherwise: other outputs
         if getattr(serving, style) != "model":
             digest.update(f"{style}={getattr(serving, style)}".encode())
+    if serving.answer_vocabulary:  # other tokens to write: other outputs
+        digest.update(f"answer_vocabulary={serving.answer_vocabulary.to_json()['tokens']}".encode())
     digest = digest.hexdigest()
     model_id = f"{base.model_id}+{name}@{digest[:8]}"
     marker = {

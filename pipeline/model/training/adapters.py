@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline import compat
+from pipeline.model.decoding.answer_vocabulary import AnswerVocabulary
 from pipeline.model.decoding.calibration import LabelCalibration
 from pipeline.model.decoding.offer import OfferPolicy
 from pipeline.model.types import ModelSpecError
@@ -53,15 +54,17 @@ by the decoded reply's first sentence where it only restates the problem. Chosen
 @dataclass(frozen=True)
 class AdapterServing:
     """How an adapter is served, from its manifest (read once): the label calibration, when drafts
-    are offered, the prompt format it learnt (`training/format.py`) and how its summaries and
-    replies are served (SUMMARY_STYLES and REPLY_STYLES, above). Without a
-    manifest: identity calibration, drafts always offered, format 1, the decoded texts themselves."""
+    are offered, the prompt format it learnt (`training/format.py`), how its summaries and
+    replies are served (SUMMARY_STYLES and REPLY_STYLES, above) and the tokens it may write
+    (`decoding/answer_vocabulary.py`). Without a manifest: identity calibration, drafts always
+    offered, format 1, the decoded texts themselves, any token."""
 
     calibration: LabelCalibration = LabelCalibration()
     offer_policy: OfferPolicy = OfferPolicy()
     prompt_format: int = 1
     summary_style: str = "model"
     reply_style: str = "model"
+    answer_vocabulary: AnswerVocabulary | None = None
 
     def __post_init__(self) -> None:
         for name, styles in (("summary_style", SUMMARY_STYLES), ("reply_style", REPLY_STYLES)):
@@ -77,12 +80,14 @@ class AdapterServing:
         """From a manifest, or the marker of a preset the adapter was merged into (`to_json`)."""
         return cls(LabelCalibration.from_json(data.get("label_calibration")),
                    OfferPolicy.from_json(data.get("offer_policy")), int(data.get("prompt_format", 1)),
-                   str(data.get("summary_style", "model")), str(data.get("reply_style", "model")))
+                   str(data.get("summary_style", "model")), str(data.get("reply_style", "model")),
+                   AnswerVocabulary.from_json(data.get("answer_vocabulary")))
 
     def to_json(self) -> dict:
         return {"label_calibration": self.calibration.to_json(), "offer_policy": self.offer_policy.to_json(),
                 "prompt_format": self.prompt_format, "summary_style": self.summary_style,
-                "reply_style": self.reply_style}
+                "reply_style": self.reply_style,
+                **({"answer_vocabulary": self.answer_vocabulary.to_json()} if self.answer_vocabulary else {})}
 
 
 def load_adapter(backbone, adapter: str) -> None:
