@@ -74,6 +74,44 @@ def h5_reads_replaced(read: Callable[[Callable[[], Any], Any], Any]):
         saving_lib.H5IOStore.__getitem__ = read_whole
 
 
+
+@contextmanager
+def float32_accumulation():
+    """keras 3.15.1 `keras.src.backend.jax.numpy.einsum` and `.matmul`, which keras's `ops.einsum` and
+    `ops.matmul` (and so its Dense, EinsumDense and keras-hub's attention) look up on each call. While
+    inside, a product of two bfloat16 (or float16) operands asks XLA for a float32 result
+    (`preferred_element_type`) and rounds it back to their dtype. XLA's CPU backend has no kernel for a
+    bfloat16 product with a bfloat16 result: it widens both operands to float32 and runs a float32
+    product (2,048 x 640 x 2,048: 21.6 ms, 249 GFLOPS on an AMX Xeon); asked for a float32 result it
+    runs its bfloat16 kernel (4.0 ms). The sums are float32 either way; only their order differs."""
+    import jax.numpy as jnp
+    from keras.src.backend.jax import numpy as backend_numpy
+
+    einsum, matmul = backend_numpy.einsum, backend_numpy.matmul
+    narrow = ("bfloat16", "float16")
+
+    def narrow_dtype(*operands):
+        dtypes = {str(getattr(x, "dtype", "")) for x in operands}
+        return dtypes.pop() if len(dtypes) == 1 and dtypes <= set(narrow) else None
+
+    def accumulating_einsum(subscripts, *operands, **kwargs):
+        dtype = narrow_dtype(*operands)
+        if dtype is None or kwargs.get("preferred_element_type") is not None:
+            return einsum(subscripts, *operands, **kwargs)
+        return jnp.einsum(subscripts, *operands, **kwargs, preferred_element_type=jnp.float32).astype(dtype)
+
+    def accumulating_matmul(x1, x2):
+        dtype = narrow_dtype(x1, x2)
+        if dtype is None:
+            return matmul(x1, x2)
+        return jnp.matmul(x1, x2, preferred_element_type=jnp.float32).astype(dtype)
+
+    backend_numpy.einsum, backend_numpy.matmul = accumulating_einsum, accumulating_matmul
+    try:
+        yield
+    finally:
+        backend_numpy.einsum, backend_numpy.matmul = einsum, matmul
+
 # ---- keras-hub (0.32.0) ------------------------------------------------------------------------
 def apply_rope(attention: Any, x: Any, index: Any) -> Any:
     """keras-hub 0.32.0 `CachedGemma3Attention._apply_rope(x, start_index)`: the rotary

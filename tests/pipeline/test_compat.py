@@ -52,6 +52,41 @@ def test_h5_reads_replaced():
     assert callable(getattr(saving_lib, "safe_get_h5_dataset", None)), upgraded("h5_reads_replaced", "keras")
 
 
+
+def test_float32_accumulation():
+    """Inside, keras's einsum and matmul (as its layers call them) on bfloat16 run XLA's bfloat16
+    product (no float32 copy of either operand in the compiled program) with the widened product's
+    values; outside, keras's own functions again."""
+    import jax
+    import jax.numpy as jnp
+    import keras
+    import numpy as np
+    from keras.src.backend.jax import numpy as backend_numpy
+
+    own = backend_numpy.einsum, backend_numpy.matmul
+    x = jax.random.normal(jax.random.PRNGKey(0), (4, 16, 64), "bfloat16")
+    w = jax.random.normal(jax.random.PRNGKey(1), (64, 32), "bfloat16")
+    widened = np.asarray(jnp.einsum("btd,df->btf", x.astype("float32"), w.astype("float32")).astype("bfloat16"))
+
+    def program(function):
+        return jax.jit(function).lower(x, w).compile().as_text()
+
+    def widens(text):  # the computation holding the product takes float32 operands
+        blocks = text.split("\n}\n")
+        return any(line.split("=")[1].strip().startswith("f32[") for block in blocks if " dot(" in block
+                   for line in block.splitlines() if "parameter(" in line)
+
+    assert widens(program(lambda x, w: keras.ops.einsum("btd,df->btf", x, w))), \
+        "XLA no longer widens a bfloat16 product with a bfloat16 result: float32_accumulation may be unneeded"
+    with compat.float32_accumulation():
+        for call in (lambda x, w: keras.ops.einsum("btd,df->btf", x, w), lambda x, w: keras.ops.matmul(x, w)):
+            assert not widens(program(call)), upgraded("float32_accumulation", "keras")
+            got = jax.jit(call)(x, w)
+            assert got.dtype == jnp.bfloat16
+            np.testing.assert_allclose(np.asarray(got, "float32"), widened.astype("float32"), rtol=1e-2, atol=1e-2)
+        assert keras.ops.einsum("ij,jk->ik", np.ones((2, 3), "float32"), np.ones((3, 2), "float32")).dtype == "float32"
+    assert (backend_numpy.einsum, backend_numpy.matmul) == own
+
 def test_apply_rope():
     from keras_hub.src.models.gemma3.gemma3_attention import CachedGemma3Attention
 
