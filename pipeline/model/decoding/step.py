@@ -70,24 +70,26 @@ def step_weights(backbone, dtype="bfloat16"):
 
 
 def product(equation, x, weight):
-    """`jnp.einsum(equation, x, weight)` in the weight's dtype, accumulating in float32."""
-    return jnp.einsum(equation, x.astype(weight.dtype), weight, preferred_element_type=jnp.float32)
-
-
-def project(x, vocabulary):
-    """x @ vocabulary.T, the logits over an (tokens, hidden) table: `product` on x's last axis.
+    """`jnp.einsum(equation, x, weight)` in the weight's dtype, accumulating in float32, for `x` with
+    its rows first (one token per row in the step) and a weight without them.
 
     One row is computed as two (the row twice, one result kept). XLA's CPU backend has no
-    bfloat16 kernel for a single row's product: it converts the whole table to float32 first
-    (641 MiB for Gemma 3's 262,144 tokens, ~410 ms against ~50 ms for two rows, measured here),
-    and a decoding loop hoists that conversion, holding the copy for the loop's life. Every chat
-    served alone met it, in its prefill and its decoding. The layers' products keep XLA's way for
-    one row: their float32 copies (~390 MB) made a one-row step 99 ms against 121 ms, with no
-    higher peak."""
+    bfloat16 kernel for a single row's product: it converts the weight to float32 first, and a
+    decoding loop hoists those conversions, holding the copies for the loop's life. For the
+    vocabulary that was 641 MiB (Gemma 3's 262,144 tokens, ~410 ms against ~50 ms for two rows), met
+    by every chat served alone; for the layers' kernels ~390 MB, a one-row loop's working memory.
+    Two rows read the bfloat16 kernels themselves: on an AMX Xeon the same speed (a one-row step 35.2
+    against 35.5 ms, 34.5 against 34.9) and 325 MiB less at peak for a chat served alone (2026-11-30);
+    on an AMD Zen 4 it had been slower (121 against 99 ms a step), when the vocabulary was whole."""
     rows = x.shape[0]
     if rows == 1:
         x = jnp.concatenate([x, x])
-    return product("...d,vd->...v", x, vocabulary)[:rows]
+    return jnp.einsum(equation, x.astype(weight.dtype), weight, preferred_element_type=jnp.float32)[:rows]
+
+
+def project(x, vocabulary):
+    """x @ vocabulary.T, the logits over an (tokens, hidden) table: `product` on x's last axis."""
+    return product("...d,vd->...v", x, vocabulary)
 
 
 def attend(attention, weights, x, cache, index, key_mask):
