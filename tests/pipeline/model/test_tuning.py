@@ -582,6 +582,7 @@ def test_tune_blocks_writes_a_whole_model_that_serves_as_a_tuned_one(model_cache
 
     from cli.main import main
     from pipeline.model.loading.sources import resolve_model
+    from pipeline.model.decoding.answer_vocabulary import COMMON_PIECES
     from pipeline.model.training.adapters import SHIPPED_ADAPTER, AdapterServing
 
     preset = tmp_path / "tiny-preset"
@@ -602,6 +603,8 @@ def test_tune_blocks_writes_a_whole_model_that_serves_as_a_tuned_one(model_cache
     assert source.serving.offer_policy == shipped.offer_policy and manifest["model"] == "blocks-model"
     assert source.serving.calibration.to_json() == {k: v for k, v in manifest["label_calibration"].items()
                                                     if k != "fitted_on"}
+    learnt = source.serving.answer_vocabulary  # what the decoder may write: its 2 chats' tokens, the common pieces
+    assert learnt is not None and set(range(COMMON_PIECES)) < set(learnt.tokens)
     tuned = source.load()
     np.testing.assert_array_equal(np.asarray(tuned.backbone.token_embedding.embeddings.value),
                                   np.asarray(base.backbone.token_embedding.embeddings.value))
