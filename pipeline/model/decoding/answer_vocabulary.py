@@ -17,8 +17,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
-import numpy as np
+# numpy is imported where used: this module is read by the dashboard's commands (training/adapters.py).
 
 COMMON_PIECES = 8192
 SIZES = (32768, 65536)
@@ -71,8 +72,8 @@ class AnswerVocabulary:
 
     def candidates(self, tokenize: Callable[[str], list[int]], prompts: Sequence[Sequence[int]],
                    texts: Sequence[str], always: Iterable[int], vocabulary_size: int
-                   ) -> tuple[np.ndarray, np.ndarray] | None:
-        """A batch's candidates: sorted token ids padded (with the last, repeated) to one of `SIZES`,
+                   ) -> tuple[Any, Any] | None:
+        """A batch's candidates (numpy): sorted token ids padded (with the last, repeated) to one of `SIZES`,
         and which of them are real; None where they would not fit the last (decode over all)."""
         tokens = set(self.tokens).union(always, *prompts)
         for text in texts:
@@ -82,6 +83,8 @@ class AnswerVocabulary:
         size = next((s for s in SIZES if s >= len(tokens)), None)
         if size is None or size >= vocabulary_size:
             return None
+        import numpy as np
+
         ids = np.full(size, tokens[-1], "int32")
         ids[: len(tokens)] = tokens
         return ids, np.arange(size) < len(tokens)
