@@ -76,7 +76,7 @@ class AnswerVocabulary:
         """A batch's candidates (numpy): sorted token ids padded (with the last, repeated) to one of `SIZES`,
         and which of them are real; None where they would not fit the last (decode over all)."""
         tokens = set(self.tokens).union(always, *prompts)
-        for text in texts:
+        for text in set(texts):  # a batch padded with a repeated chat tokenizes it once
             for variant in {text.lower(), text.title(), text.upper()}:
                 tokens.update(tokenize(variant))
         tokens = sorted(t for t in tokens if 0 <= t < vocabulary_size)
