@@ -227,14 +227,15 @@ def forward_cached(backbone, token_ids, cache, index, key_mask):
     from XLA's cache) took ~3 s. The same arithmetic, layer by layer. The price: the caches stacked
     for the scan and unstacked after it, more working memory during the call (8 chats of 384
     tokens of Gemma 3 270M: 52 -> 226 MiB). Its products sum in float32 on XLA's bfloat16 kernel
-(`compat.float32_accumulation`, see the module's docstring)."""
+    (`compat.float32_accumulation`, see the module's docstring)."""
     x = embed(backbone, token_ids)
     layers = backbone.transformer_layers
     templates, kinds = layer_kinds(layers)
     weights = [tuple(variable.value for variable in layer.variables) for layer in layers]  # in the caller's scope
 
     def run(template, layer_weights, x, layer_cache):
-        with keras.StatelessScope(state_mapping=zip(template.variables, layer_weights)), compat.float32_accumulation():
+        scope = keras.StatelessScope(state_mapping=zip(template.variables, layer_weights))
+        with scope, compat.float32_accumulation():
             return template(x, cache=layer_cache, cache_update_index=index, padding_mask=key_mask)
 
     def layer_step(x, scanned):
