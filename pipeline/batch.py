@@ -24,7 +24,7 @@ from pipeline.options import PipelineConfig, add_option_rows
 
 MODEL_ROWS = tuple(row for row in SHARED_OPTIONS
                    if row.dest in ("model", "adapter", "model_cache", "prompt_variant", "max_batch_size", "reply_for",
-                                 "reply_library"))
+                                 "reply_library", "weights"))
 """The pipeline's model options that `chatlens analyze` takes (its batches form within a file, in
 one process: no batch deadline, no model copies)."""
 

@@ -112,6 +112,36 @@ def float32_accumulation():
     finally:
         backend_numpy.einsum, backend_numpy.matmul = einsum, matmul
 
+@contextmanager
+def garbage_collected_once():
+    """keras 3.15.1's `Layer.__delattr__` runs `gc.collect()` for every variable deleted: 128 ms each in a
+    process holding keras-hub's Gemma (16 of the 18 s `quantize("int8")` took on its 127 layers). While
+    inside, `gc.collect` does nothing; it runs once on the way out."""
+    import gc
+
+    collect = gc.collect
+    gc.collect = lambda *args, **kwargs: 0
+    try:
+        yield
+    finally:
+        gc.collect = collect
+        gc.collect()
+
+
+def int8_kernel(dense: Any) -> tuple[Any, Any]:
+    """keras 3.15.1's int8 `EinsumDense` (`quantize("int8")`): its int8 kernel (`_kernel`) and its scale
+    laid out as the kernel, the summed axes 1 (`_adjust_scale_for_dequant`): the weight is kernel / scale."""
+    return dense._kernel.value, dense._adjust_scale_for_dequant(dense.kernel_scale.value)
+
+
+def int8_embeddings(embedding: Any) -> tuple[Any, Any] | None:
+    """keras 3.15.1's int8 `ReversibleEmbedding` (tied): its int8 table (`_embeddings`) and one scale per
+    token (`embeddings_scale`); None for one not quantized."""
+    if embedding.quantization_mode != "int8":
+        return None
+    return embedding._embeddings.value, embedding.embeddings_scale.value
+
+
 # ---- keras-hub (0.32.0) ------------------------------------------------------------------------
 def apply_rope(attention: Any, x: Any, index: Any) -> Any:
     """keras-hub 0.32.0 `CachedGemma3Attention._apply_rope(x, start_index)`: the rotary

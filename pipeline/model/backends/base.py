@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from chatlens.config import Settings
-from pipeline.model.types import REPLY_FOR
+from pipeline.model.types import REPLY_FOR, WEIGHTS
 from pipeline.model.types import Task
 
 DEFAULT_BACKEND = "gemma"
@@ -67,6 +67,9 @@ SHARED_OPTIONS: tuple[Option, ...] = (
            1, int, minimum=0),
     Option("--model-copies", "copies of the model per machine, e.g. one per GPU", 1, int, minimum=1),
     Option("--reply-for", "which chats get a reply draft", "negative", choices=REPLY_FOR),
+    Option("--weights", "how a model tuned by ChatLens holds its weights: 'int8' (keras's int8 quantization, "
+           "half the bytes a decoding step reads) or 'bfloat16'; other models load in float32", "int8",
+           choices=WEIGHTS),
     Option("--reply-library", "the team's reply macros: the JSON file the dashboard writes (a local path or any "
            "Beam filesystem), read again when it changes; a model served with macros drafts from it (default: "
            "CHATLENS_REPLY_LIBRARY, else the library ChatLens ships)", metavar="FILE"),

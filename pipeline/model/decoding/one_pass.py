@@ -64,8 +64,10 @@ from pipeline.model.decoding.step import (
     right_aligned,
     shift_positions,
     step_weights,
+    take_rows,
     to_head_major,
     vocabulary_logits,
+    vocabulary_table,
 )
 from pipeline.model.decoding.text import PAST_CUT_MARGIN, clean_completion, visible_characters
 from pipeline.model.environment import release_freed_memory
@@ -221,7 +223,7 @@ class OnePassDecoder:
         embedding = self.backbone.token_embedding
         if self.lm.compute_dtype == "float32":
             return embedding(hidden, reverse=True).astype("float32")
-        return vocabulary_logits(embedding, project(hidden, jnp.asarray(embedding.embeddings)))
+        return vocabulary_logits(embedding, project(hidden, vocabulary_table(embedding)))
 
     def _build(self):
         """The two XLA programs: a prefill per group of similar prompt lengths, and the decoding
@@ -304,7 +306,7 @@ class OnePassDecoder:
             batch, total = key_mask.shape
             ids, real = candidates
             if ids.shape[0] < weights["vocabulary"].shape[0]:  # else every token, in order: nothing to pick
-                weights = dict(weights, vocabulary=jnp.take(weights["vocabulary"], ids, axis=0))
+                weights = dict(weights, vocabulary=take_rows(weights["vocabulary"], ids))
                 logits = logits[:, ids]
             some_codes = codes[ids] if ground else None
             some_symbols = jnp.where(symbols >= 0, jnp.searchsorted(ids, symbols), -1) if ground else None

@@ -299,3 +299,36 @@ def test_the_prefills_scan_over_layers_equals_keras_hubs_layers_one_after_anothe
     for (k, v), (k_ref, v_ref) in zip(new_cache, expected_cache, strict=True):
         np.testing.assert_allclose(np.asarray(k), np.asarray(k_ref), atol=1e-5)
         np.testing.assert_allclose(np.asarray(v), np.asarray(v_ref), atol=1e-5)
+
+
+def test_an_int8_step_equals_keras_int8_layers():
+    """A backbone quantized by keras's `quantize("int8")` (`quantize_int8`): the step reads its int8
+    kernels and scales as they are (`Int8Kernel`, the layers' own arrays) and computes what keras's
+    int8 layers compute, cached prefill and vocabulary projection included."""
+    from pipeline.model.decoding.step import Int8Kernel
+    from pipeline.model.loading.quantize import quantize_int8
+
+    backbone = tiny_backbone(seed=7, num_layers=2)
+    rng = np.random.default_rng(8)
+    batch, length, index = 3, 12, 9
+    cache = random_cache(backbone, rng, batch, length)
+    key_mask = jnp.asarray(np.arange(length)[None, :] >= np.array([[0], [1], [2]]))
+    tokens = jnp.asarray(rng.integers(0, 64, (batch, 1)), "int32")
+    before = backbone.token_embedding(forward_cached(backbone, tokens, cache, index, key_mask)[0], reverse=True)
+
+    quantize_int8(backbone)
+    weights = step_weights(backbone, "float32")
+    own = {id(v.value) for v in backbone.weights}
+    kernels = [weights["vocabulary"], *(k for layer in weights["layers"] for k in layer.values())]
+    assert all(isinstance(k, Int8Kernel) and k.values.dtype == jnp.int8 and id(k.values) in own for k in kernels)
+
+    expected, expected_cache = forward_cached(backbone, tokens, cache, index, key_mask)  # keras's int8 layers
+    expected_logits = backbone.token_embedding(expected, reverse=True)[:, 0, :]
+    logits, new_cache = forward_one(backbone, weights, tokens, to_head_major(cache), index, key_mask)
+    np.testing.assert_allclose(np.asarray(logits), np.asarray(expected_logits), rtol=1e-4, atol=1e-4)
+    for (k, v), (k_ref, v_ref) in zip(to_head_major(new_cache), expected_cache):
+        np.testing.assert_allclose(np.asarray(k), np.asarray(k_ref), atol=1e-4)
+        np.testing.assert_allclose(np.asarray(v), np.asarray(v_ref), atol=1e-4)
+    # int8 moves the logits by its rounding, not more
+    np.testing.assert_allclose(np.asarray(expected_logits), np.asarray(before[:, 0, :]), atol=0.05)
+    assert not np.array_equal(np.asarray(expected_logits), np.asarray(before[:, 0, :]))

@@ -7,6 +7,7 @@ from pipeline.model.backends.base import ModelOptions
 from pipeline.model.decoding.one_pass import OnePassEngine
 from pipeline.model.decoding.prompted import EngineConfig, PromptedEngine
 from pipeline.model.environment import release_freed_memory
+from pipeline.model.loading.quantize import INT8, quantize_int8
 from pipeline.model.loading.reply_library import ReplyLibraryFile
 from pipeline.model.loading.sources import resolve_model
 from pipeline.model.types import Engine
@@ -22,7 +23,8 @@ process imported keras-hub before."""
 
 def load_engine(options: ModelOptions, config: EngineConfig | None = None) -> Engine:
     """The engine for the run's model options: its spec (`model`: 'gemma3-270m', a preset
-    directory or handle), `adapter`, `model_cache`, `prompt_variant` and `reply_library`.
+    directory or handle), `adapter`, `model_cache`, `prompt_variant`, `reply_library` and, for a
+    tuned model, `weights` (int8: keras's int8 quantization, `loading/quantize.py`).
 
     A model tuned by ChatLens answers in one pass (decoding/one_pass.py). Other models are
     prompted per output (decoding/prompted.py); the prompt variant follows the model's kind
@@ -33,6 +35,8 @@ def load_engine(options: ModelOptions, config: EngineConfig | None = None) -> En
     config = config or EngineConfig()
     causal_lm = source.load(SERVING_DTYPE if source.tuned else "float32", tensorflow=False)
     release_freed_memory()  # what reading and converting the weights freed
+    if source.tuned and options.weights == INT8:
+        quantize_int8(causal_lm.backbone)
     if source.tuned:
         return OnePassEngine(causal_lm, source.model_id, max_prompt_tokens=config.max_prompt_tokens,
                              serving=source.serving, reply_library=ReplyLibraryFile(options.reply_library))
