@@ -17,7 +17,8 @@ SERVING_DTYPE = "bfloat16"
 """The dtype a tuned model is served in: the one its decoding step reads (`OnePassDecoder`'s
 `step_dtype`), so the weights are held once (a float32 model beside its bfloat16 step weights
 was 1.5 GiB of the 270M model's 3.4 GiB peak). The prefill, and so the label probabilities, then
-runs in it too. Both engines load without TensorFlow (`import_keras_hub`) where nothing in the
+runs in it too; by default (`--weights int8`) keras then quantizes the weights to int8
+(`loading/quantize.py`). Both engines load without TensorFlow (`import_keras_hub`) where nothing in the
 process imported keras-hub before."""
 
 
