@@ -34,9 +34,9 @@ class ModelSpecError(ValueError):
 
 
 REPLY_FOR = ("negative", "all", "none")
-WEIGHTS = ("int8", "bfloat16")
-"""How a model tuned by ChatLens holds its weights while serving (`pipeline/model/loading/quantize.py`)."""
 """Which chats get a reply draft: negative ones, all, or none (`--reply-for`)."""
+WEIGHTS = ("int8", "bfloat16")
+"""How a model tuned by ChatLens holds its weights while serving (`--weights`, `pipeline/model/loading/quantize.py`)."""
 
 
 def wants_reply(reply_for: str, sentiment: int) -> bool:

@@ -23,9 +23,11 @@ def test_the_jitted_quantizer_equals_keras_abs_max_quantize(shape, axis):
 
 
 def test_summed_axes_are_the_kernel_axes_missing_from_the_output():
-    assert summed_axes("btd,df->btf") == (0,)
-    assert summed_axes("btd,ndh->btnh") == (1,)
-    assert summed_axes("btnh,nhd->btd") == (0, 1)
+    assert summed_axes("btd,df->btf") == (-2,)
+    assert summed_axes("btd,ndh->btnh") == (-2,)
+    assert summed_axes("btnh,nhd->btd") == (-3, -2)
+    assert summed_axes("btnh,nhd->btd", 0) == (-2, -1)
+    assert summed_axes("...d,vd->...v", 0) == (-1,)
 
 
 def test_a_quantized_gemma_holds_int8_kernels_and_serves_within_int8_rounding(model_cache):

@@ -36,9 +36,9 @@ def load_engine(options: ModelOptions, config: EngineConfig | None = None) -> En
     config = config or EngineConfig()
     causal_lm = source.load(SERVING_DTYPE if source.tuned else "float32", tensorflow=False)
     release_freed_memory()  # what reading and converting the weights freed
-    if source.tuned and options.weights == INT8:
-        quantize_int8(causal_lm.backbone)
     if source.tuned:
+        if options.weights == INT8:
+            quantize_int8(causal_lm.backbone)
         return OnePassEngine(causal_lm, source.model_id, max_prompt_tokens=config.max_prompt_tokens,
                              serving=source.serving, reply_library=ReplyLibraryFile(options.reply_library))
     variant = options.prompt_variant or ("chat" if source.instruction_tuned else "completion")
