@@ -56,16 +56,18 @@ from pipeline.model.decoding.offer import AGENT_ANSWERED, DRAFT_WITHHELD, SUMMAR
 from pipeline.model.decoding.programs import Programs
 from pipeline.model.decoding.state import detokenize, model_state, stateless_scope, token_ids
 from pipeline.model.decoding.step import (
-    decoding_cache,
+    decoding_layer_cache,
     empty_cache,
     forward_cached,
     forward_one,
     project,
     right_aligned,
     shift_positions,
+    stacked,
     step_weights,
     take_rows,
     to_head_major,
+    unstacked,
     vocabulary_logits,
     vocabulary_table,
 )
@@ -211,7 +213,7 @@ class OnePassDecoder:
         none (P = 0), the prompts whole."""
         size = len(self.preamble)
         if not all(len(row) > size and tuple(row[:size]) == self.preamble for row in rows):
-            return empty_cache(self.backbone, 1, 0, self.lm.compute_dtype), 0
+            return stacked(empty_cache(self.backbone, 1, 0, self.lm.compute_dtype)), 0
         self._note(f"one-pass preamble length={size}")
         return self._once_per_state("_preamble", state, lambda: self._preamble_cache(
             state, jnp.array([self.preamble], "int32"))), size
@@ -240,8 +242,8 @@ class OnePassDecoder:
 
         @self.programs.jit
         def preamble_cache(state, preamble_ids):
-            """The keys and values of the preamble every prompt starts with (1, P), as keras-hub's cache."""
-            cache = empty_cache(backbone, 1, preamble_ids.shape[1], self.lm.compute_dtype)
+            """The keys and values of the preamble every prompt starts with (1, P), as a stacked cache."""
+            cache = stacked(empty_cache(backbone, 1, preamble_ids.shape[1], self.lm.compute_dtype))
             with self._scope(state):
                 return forward_cached(backbone, preamble_ids, cache, 0, jnp.ones(preamble_ids.shape, bool))[1]
 
@@ -253,10 +255,10 @@ class OnePassDecoder:
             the group's width does, as if left-padded, and its keys placed `offset` positions on, where
             the batch's prompts end. `label_only`: the label logits alone."""
             batch, rest = rest_ids.shape
-            start = preamble[0][0].shape[1]
+            start = preamble[0].shape[2]
             length = start + rest
-            cache = tuple((k.at[:, :start].set(pk), v.at[:, :start].set(pv)) for (k, v), (pk, pv) in zip(
-                empty_cache(backbone, batch, length + 1 + cue.shape[0], self.lm.compute_dtype), preamble))
+            cache = tuple(part.at[:, :, :start].set(known) for part, known in zip(
+                stacked(empty_cache(backbone, batch, length + 1 + cue.shape[0], self.lm.compute_dtype)), preamble))
             head_mask = jnp.ones((batch, 1 + cue.shape[0]), bool)
             mask = jnp.concatenate([jnp.ones((batch, start), bool), rest_mask, head_mask], axis=1)
             ends = jnp.sum(rest_mask, axis=1)
@@ -287,7 +289,7 @@ class OnePassDecoder:
             logits, cache = jax.lax.cond(jnp.any(mask), feed_head,
                                          lambda cache: (jnp.zeros((batch, backbone.vocabulary_size), "float32"), cache),
                                          cache)
-            return label_logits, logits, to_head_major(shift_positions(backbone, cache, offset))
+            return label_logits, logits, to_head_major(unstacked(shift_positions(backbone, cache, offset)))
 
         ground = self.ground_numbers
         codes = jnp.asarray(self._token_codes) if ground else None
@@ -415,8 +417,9 @@ class OnePassDecoder:
         batch = bucket(len(prompts), BATCH_BUCKETS)
         rows = order + [order[0]] * (batch - len(order))  # the decoding batch's rows, padded with a repeat
         width = length + 1 + len(self.vocabulary.summary_cue)  # the prompts, the label, the summary cue
-        cache = decoding_cache(self.backbone, tuple(tuple(self._stack([c[layer][kv] for c in caches], batch, width)
-                                                          for kv in (0, 1)) for layer in range(len(caches[0]))), steps)
+        del group_cache
+        release_freed_memory()  # the prefills' working memory, before the batch's cache is made
+        cache = self._decoding_cache(caches, batch, width, steps)
         first = jnp.concatenate(first_logits + [first_logits[0][:1]] * (batch - len(order)))
         key_mask = padded_rows([prompts[i] for i in rows], extra=width + steps - length, left=True)[1]
         negative = np.argmax(label_logits + bias, axis=-1) == 0  # the label fed in the prefill
@@ -457,6 +460,22 @@ class OnePassDecoder:
         """`token_confidence` over one output's own words (its stop tokens left out)."""
         stops = (self.vocabulary.summary_end, self.vocabulary.eos)
         return token_confidence([b for t, p, b in zip(tokens, phases, believed) if p == phase and t not in stops])
+
+    def _decoding_cache(self, groups: list, batch: int, width: int, steps: int):
+        """The decoding loop's cache (`step.decoding_layer_cache`) from the prefill groups' caches,
+        one layer at a time, each group's layer let go once copied (`groups` is emptied): the
+        working memory of a layer, not of two more whole caches (eager operations)."""
+        layers = [list(group) for group in groups]
+        groups.clear()
+        cache = []
+        for number, layer in enumerate(self.backbone.transformer_layers):
+            parts = [group[number] for group in layers]
+            for group in layers:
+                group[number] = None
+            k, v = (self._stack([part[kv] for part in parts], batch, width) for kv in (0, 1))
+            del parts
+            cache.append(decoding_layer_cache(layer, k, v, steps))
+        return tuple(cache)
 
     @staticmethod
     def _stack(parts, batch: int, width: int):

@@ -47,6 +47,34 @@ def empty_cache(backbone, batch: int, length: int, dtype):
     return tuple((jnp.zeros(shape, dtype), jnp.zeros(shape, dtype)) for _ in range(backbone.num_layers))
 
 
+def stacked(cache):
+    """keras-hub's per-layer (key, value) caches as one (keys, values) pair on a first axis of
+    layers, each (L, B, T, K, H): the cache a prefill carries (`forward_cached`)."""
+    return tuple(jnp.stack(part) for part in zip(*cache))
+
+
+def unstacked(cache):
+    """A stacked cache's per-layer (key, value) caches, keras-hub's layout."""
+    keys, values = cache
+    return tuple((keys[number], values[number]) for number in range(keys.shape[0]))
+
+
+def each_layer(backbone, cache, update):
+    """A stacked cache with `update(template, key, value) -> (key, value)` applied to each layer's
+    slice, `template` a layer of its kind (`layer_kinds`): one layer at a time, in place (the loop
+    carries the cache), so the working memory is a layer's, not a second cache."""
+    templates, kinds = layer_kinds(backbone.transformer_layers)
+    kinds = jnp.asarray(kinds, "int32")
+
+    def one(number, cache):
+        keys, values = cache
+        key, value = jax.lax.switch(kinds[number], [functools.partial(update, t) for t in templates],
+                                    keys[number], values[number])
+        return keys.at[number].set(key), values.at[number].set(value)
+
+    return jax.lax.fori_loop(0, kinds.shape[0], one, cache)
+
+
 def to_head_major(cache):
     """keras-hub's per-layer (key, value) caches, (B, T, K, H), as this module's (B, K, T, H)."""
     return tuple((jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2)) for k, v in cache)
@@ -200,19 +228,21 @@ def slot_positions(attention, width, index):
 
 def decoding_cache(backbone, cache, steps):
     """The head-major cache a decoding loop writes `steps` more tokens into, from the one of the
-    positions so far: room for them on the layers that attend to everything; a ring of its window
-    (`slot_positions`) on a sliding-window layer that would outgrow its window, so that each step
-    reads only the window (a slice per step would be a copy per step), not the whole cache."""
-    out = []
-    for layer, (k, v) in zip(backbone.transformer_layers, cache):
-        attention, filled = layer.attention, k.shape[2]
-        if attention.use_sliding_window_attention and filled + steps > attention.sliding_window_size:
-            slots = jnp.clip(slot_positions(attention, attention.sliding_window_size, filled)[0], 0)
-            out.append((jnp.take(k, slots, axis=2), jnp.take(v, slots, axis=2)))
-        else:
-            room = ((0, 0), (0, 0), (0, steps), (0, 0))
-            out.append((jnp.pad(k, room), jnp.pad(v, room)))
-    return tuple(out)
+    positions so far (`decoding_layer_cache`, layer by layer)."""
+    return tuple(decoding_layer_cache(layer, k, v, steps) for layer, (k, v) in zip(backbone.transformer_layers, cache))
+
+
+def decoding_layer_cache(layer, k, v, steps):
+    """One layer's head-major cache for `steps` more tokens: room for them on a layer that attends to
+    everything; a ring of its window (`slot_positions`) on a sliding-window layer that would outgrow
+    its window, so that each step reads only the window (a slice per step would be a copy per step),
+    not the whole cache."""
+    attention, filled = layer.attention, k.shape[2]
+    if attention.use_sliding_window_attention and filled + steps > attention.sliding_window_size:
+        slots = jnp.clip(slot_positions(attention, attention.sliding_window_size, filled)[0], 0)
+        return jnp.take(k, slots, axis=2), jnp.take(v, slots, axis=2)
+    room = ((0, 0), (0, 0), (0, steps), (0, 0))
+    return jnp.pad(k, room), jnp.pad(v, room)
 
 
 def decoder_block(layer, weights, x, cache, index, key_mask):
@@ -230,31 +260,33 @@ def decoder_block(layer, weights, x, cache, index, key_mask):
 
 
 def shift_positions(backbone, cache, offset):
-    """keras-hub's (B, T, K, H) caches with every key rotated `offset` positions on (one for all
-    rows, or one per row): the cache a prefill at `cache_update_index=offset` would have written
-    (rotary angles add), so a group of short prompts can join a batch whose prompts end later.
-    Values carry no position."""
-    shifted = []
-    for layer, (key, value) in zip(backbone.transformer_layers, cache):
-        rope = layer.attention.rope_layer
-        if getattr(rope, "rope_type", "linear") != "linear":  # YaRN also scales magnitudes: no simple shift
-            raise ValueError(f"cannot shift keys under {rope.rope_type} rotary embeddings")
-        positions = jnp.broadcast_to(jnp.reshape(jnp.asarray(offset, "int32"), (-1, 1)), key.shape[:2])
-        shifted.append((rope(key, positions=positions).astype(key.dtype), value))
-    return tuple(shifted)
+    """A stacked cache (`stacked`) with every key rotated `offset` positions on (one for all rows,
+    or one per row): the cache a prefill at `cache_update_index=offset` would have written (rotary
+    angles add), so a group of short prompts can join a batch whose prompts end later. Values
+    carry no position."""
+    return each_layer(backbone, cache, lambda layer, key, value: (rotated(layer, key, offset), value))
+
+
+def rotated(layer, key, offset):
+    """One layer's keys (B, T, K, H) rotated `offset` positions on by its own rotary embedding."""
+    rope = layer.attention.rope_layer
+    if getattr(rope, "rope_type", "linear") != "linear":  # YaRN also scales magnitudes: no simple shift
+        raise ValueError(f"cannot shift keys under {rope.rope_type} rotary embeddings")
+    positions = jnp.broadcast_to(jnp.reshape(jnp.asarray(offset, "int32"), (-1, 1)), key.shape[:2])
+    return rope(key, positions=positions).astype(key.dtype)
 
 
 def right_aligned(backbone, cache, padding, length):
-    """keras-hub's (B, T, K, H) caches whose rows were written from slot 0 and end `padding` (one
-    per row) short of `length`, moved on by that much within the first `length` slots, keys rotated
-    on as far: the cache a left-padded prefill of the same rows would have written (the slots moved
-    in front hold only padding, which the mask hides)."""
+    """A stacked cache (`stacked`) whose rows were written from slot 0 and end `padding` (one per
+    row) short of `length`, moved on by that much within the first `length` slots, keys rotated on
+    as far: the cache a left-padded prefill of the same rows would have written (the slots moved in
+    front hold only padding, which the mask hides)."""
     slots = jnp.mod(jnp.arange(length)[None, :] - padding[:, None], length)[:, :, None, None]
 
     def move(x):
         return jnp.concatenate([jnp.take_along_axis(x[:, :length], slots, axis=1), x[:, length:]], axis=1)
 
-    return shift_positions(backbone, tuple((move(k), move(v)) for k, v in cache), padding)
+    return each_layer(backbone, cache, lambda layer, key, value: (rotated(layer, move(key), padding), move(value)))
 
 
 def embed(backbone, token_ids):
@@ -276,17 +308,19 @@ def embed(backbone, token_ids):
 
 
 def forward_cached(backbone, token_ids, cache, index, key_mask):
-    """Final hidden states of `token_ids` written at `index` of keras-hub's own (B, T, K, H) cache,
-    through keras-hub's layers (the prefill); no vocabulary projection.
+    """Final hidden states of `token_ids` written at `index` of a stacked cache (`stacked`: keras-hub's
+    (B, T, K, H) caches on a first axis of layers), through keras-hub's layers (the prefill); no
+    vocabulary projection.
 
     The layers run under one `jax.lax.scan`, not one after another: each step picks its layer's
     weights (`jax.lax.switch`, a copy of that layer's ~11 MB) and runs one layer of its kind (a
     sliding-window one or a global one; `layer_kinds`) on them. An XLA program so holds two layers'
     code, not 18: unrolled, a prefill (prompt and head, 36 layer runs) had 2,041 fusions and held
     111-135 MiB (33-53 now), and bringing one back (traced through keras-hub again, lowered, read
-    from XLA's cache) took ~3 s. The same arithmetic, layer by layer. The price: the caches stacked
-    for the scan and unstacked after it, more working memory during the call (8 chats of 384
-    tokens of Gemma 3 270M: 52 -> 226 MiB). Its products sum in float32 on XLA's bfloat16 kernel
+    from XLA's cache) took ~3 s. The same arithmetic, layer by layer. The scan carries the stacked
+    cache and writes each layer's slice back in place: given per-layer caches, it stacked them for
+    the scan and unstacked them after, copies of the whole cache (8 chats of 384 tokens of Gemma 3
+    270M: 52 -> 226 MiB of working memory). Its products sum in float32 on XLA's bfloat16 kernel
     (`compat.float32_accumulation`, see the module's docstring)."""
     x = embed(backbone, token_ids)
     layers = backbone.transformer_layers
@@ -298,16 +332,16 @@ def forward_cached(backbone, token_ids, cache, index, key_mask):
         with scope, compat.float32_accumulation():
             return template(x, cache=layer_cache, cache_update_index=index, padding_mask=key_mask)
 
-    def layer_step(x, scanned):
-        number, kind, layer_cache = scanned
+    def layer_step(carry, scanned):
+        x, keys, values = carry
+        number, kind = scanned
         layer_weights = jax.lax.switch(number, [functools.partial(lambda w: w, w) for w in weights])
-        x, layer_cache = jax.lax.switch(kind, [functools.partial(run, t) for t in templates],
-                                        layer_weights, x, layer_cache)
-        return x, layer_cache
+        x, (key, value) = jax.lax.switch(kind, [functools.partial(run, t) for t in templates],
+                                         layer_weights, x, (keys[number], values[number]))
+        return (x, keys.at[number].set(key), values.at[number].set(value)), None
 
-    stacked = tuple(jnp.stack(part) for part in zip(*cache))  # (layers, B, T, K, H) keys, then values
-    x, (keys, values) = jax.lax.scan(layer_step, x, (jnp.arange(len(layers)), jnp.asarray(kinds, "int32"), stacked))
-    return backbone.layer_norm(x), tuple(zip(keys, values))
+    (x, keys, values), _ = jax.lax.scan(layer_step, (x, *cache), (jnp.arange(len(layers)), jnp.asarray(kinds, "int32")))
+    return backbone.layer_norm(x), (keys, values)
 
 
 def layer_kinds(layers):
