@@ -296,14 +296,14 @@ def test_a_new_preset_in_the_watched_folder_is_used_without_a_restart(pipelines,
     windows = e2e_windows()
     publish_all(topic_path(PROJECT, LAYOUT.windows_topic), windows[8:10])
     assert wait_until(lambda: len(insights) >= 2, WAIT, while_alive=process), process.log_tail()
-    assert {i.model_id for i in insights_of(insights)} == {gemma_source.model_id}
+    assert {i.model_id for i in insights_of(insights)} == {f"{gemma_source.model_id}+int8"}  # served in int8
 
     copy_preset(gemma_preset, watched / "v2", "gemma3-270m-v2")
     time.sleep(2)  # one watch interval
     publish_all(topic_path(PROJECT, LAYOUT.windows_topic), windows[10:12])
     assert wait_until(lambda: len(insights) >= 4, WAIT, while_alive=process), process.log_tail()
     later = [i for i in insights_of(insights) if i.chat_id in {"e2e-011", "e2e-012"}]
-    assert [i.model_id for i in later] == ["gemma3-270m-v2"] * 2, process.log_tail()
+    assert [i.model_id for i in later] == ["gemma3-270m-v2+int8"] * 2, process.log_tail()
     assert process.log_contains("found by the watch") and process.alive()
     assert process.stop(signal.SIGTERM) == 0
 

@@ -165,7 +165,8 @@ def test_the_shipped_adapter_is_the_default_and_holds_its_figures_on_test(model_
     answered = [any(m.sender == "agent" for m in e.window.messages) for e in sample]
     assert any(drafted) and not any(d and a for d, a in zip(drafted, answered))  # none once an agent has answered
     tuned, vader = systems["gemma3-270m"], systems["vader"]
-    assert tuned["model_id"] == source.model_id and tuned["prompt_version"] == "tuned-one-pass-v2+extractive+macro"
+    assert tuned["model_id"] == f"{source.model_id}+int8"  # served in int8
+    assert tuned["prompt_version"] == "tuned-one-pass-v2+extractive+macro"
     print(json.dumps(tuned))
     sentiment, summary, reply = tuned["sentiment"], tuned["summary"], tuned["reply"]
     assert sentiment["n"] == summary["n"] == len(sample) == 82

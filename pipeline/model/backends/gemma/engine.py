@@ -27,7 +27,8 @@ process imported keras-hub before."""
 def load_engine(options: ModelOptions, config: EngineConfig | None = None) -> Engine:
     """The engine for the run's model options: its spec (`model`: 'gemma3-270m', a preset
     directory or handle), `adapter`, `model_cache`, `prompt_variant`, `reply_library` and, for a
-    tuned model, `weights` (int8: keras's int8 quantization, `loading/quantize.py`).
+    tuned model, `weights` (int8: keras's int8 quantization, `loading/quantize.py`; the engine's
+    `model_id` then ends "+int8").
 
     A model tuned by ChatLens answers in one pass (decoding/one_pass.py). Other models are
     prompted per output (decoding/prompted.py); the prompt variant follows the model's kind
@@ -39,10 +40,12 @@ def load_engine(options: ModelOptions, config: EngineConfig | None = None) -> En
     causal_lm = source.load(SERVING_DTYPE if source.tuned else "float32", tensorflow=False)
     release_freed_memory()  # what reading and converting the weights freed
     if source.tuned:
+        model_id = source.model_id
         if options.weights == INT8:
             quantize_int8(causal_lm.backbone)
             forget_loading_programs()
-        return OnePassEngine(causal_lm, source.model_id, max_prompt_tokens=config.max_prompt_tokens,
+            model_id += f"+{INT8}"  # its outputs differ from the weights as loaded: insights say which
+        return OnePassEngine(causal_lm, model_id, max_prompt_tokens=config.max_prompt_tokens,
                              serving=source.serving, reply_library=ReplyLibraryFile(options.reply_library))
     variant = options.prompt_variant or ("chat" if source.instruction_tuned else "completion")
     return PromptedEngine(causal_lm, source.model_id, load_prompts(variant), config)
