@@ -499,10 +499,10 @@ def test_tenants_with_their_own_model_get_it(real_handler, second_preset, gemma_
         capture(out[DEAD_LETTER], dead, "dead")
     assert not dead, [d.message for d in dead]
     models = {insight.chat_id: (insight.tenant, insight.model_id) for insight in insights}
-    default_id = gemma_source.model_id
-    assert models == {"t-quickbite-0": ("quickbite", "gemma3-270m-second"),
+    default_id = f"{gemma_source.model_id}+int8"  # both tuned models served in int8
+    assert models == {"t-quickbite-0": ("quickbite", "gemma3-270m-second+int8"),
                       "t-telnova-1": ("telnova", default_id),
-                      "t-quickbite-2": ("quickbite", "gemma3-270m-second"),
+                      "t-quickbite-2": ("quickbite", "gemma3-270m-second+int8"),
                       "t-skyway-3": ("skyway", default_id),
                       "t-none": (None, default_id)}
 
