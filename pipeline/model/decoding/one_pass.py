@@ -465,12 +465,12 @@ class OnePassDecoder:
         """The decoding loop's cache (`step.decoding_layer_cache`) from the prefill groups' caches,
         one layer at a time, each group's layer let go once copied (`groups` is emptied): the
         working memory of a layer, not of two more whole caches (eager operations)."""
-        layers = [list(group) for group in groups]
+        held = [list(group) for group in groups]  # each group's layers, until copied
         groups.clear()
         cache = []
         for number, layer in enumerate(self.backbone.transformer_layers):
-            parts = [group[number] for group in layers]
-            for group in layers:
+            parts = [group[number] for group in held]
+            for group in held:
                 group[number] = None
             k, v = (self._stack([part[kv] for part in parts], batch, width) for kv in (0, 1))
             del parts
