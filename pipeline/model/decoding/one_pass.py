@@ -100,7 +100,7 @@ decoding loop. 32 eval chats, 8 a call, second pass, on a 2-core AMX Xeon, with 
 under one scan (`step.forward_cached`): 4 held 55.7 s, 1,488 MiB after the pass and 2,001 at peak;
 8 held 34.3 s, 1,664 and 2,067; all 9 met 35.1 s, 1,696 and 2,119 (before the scan, 4 held took
 55-63 s at 1,626 and 2,245). A worker settles its prefill groups on the shapes it holds
-(`buckets.prefill_groups`, `Program.holds`) and runs one loop program per length bucket."""
+(`buckets.prefill_groups`, `Program.holds`) and runs one loop program per batch bucket (`decoding_width`)."""
 
 NO_MACRO = "no_macro"  # the flag of a chat whose language has no macro that fits: no draft
 FROM_LIBRARY = "reply_from_library"  # the flag of a draft that is a library macro
@@ -171,9 +171,17 @@ class OnePassDecoder:
     def decoding_steps(self) -> int:
         """The decoding loop's bound: the summary, its stop, the reply cue and the reply, with room to
         finish a number open at each length limit. The same whether or not a row may reply (the loop
-        ends when every row is done): one loop program per length bucket, not two."""
+        ends when every row is done): one loop program, not two."""
         steps = self.summary_tokens + 1 + len(self.vocabulary.reply_cue) + self.reply_tokens
         return steps + (2 * grounding.MAX_CHARACTERS if self.ground_numbers else 0)
+
+    @property
+    def decoding_width(self) -> int:
+        """The positions before a decoding loop's first step that its cache has room for, whatever
+        the batch's prompts: the longest prompt's length bucket, its label and the summary cue. One
+        loop program per batch bucket, not one per length bucket too (each ~80 MiB held for Gemma 3
+        270M); a batch of shorter prompts leaves the slots past its own masked (positions unchanged)."""
+        return bucket(self.max_prompt_tokens, LENGTH_BUCKETS) + 1 + len(self.vocabulary.summary_cue)
 
     def _tokenize(self, text: str) -> list[int]:
         return token_ids(self.tokenizer, text)
@@ -297,15 +305,16 @@ class OnePassDecoder:
 
         @functools.partial(self.programs.jit, static_argnames=("steps",), donate_argnames=("cache",),
                            compiler_options=LOOP_COMPILER_OPTIONS)
-        def decode(state, weights, cache, logits, key_mask, wants_reply, numbers, candidates, steps):
-            """Greedy summary then reply tokens, each token's phase and its log-probability under
+        def decode(state, weights, cache, logits, key_mask, start, wants_reply, numbers, candidates, steps):
+            """Greedy summary then reply tokens, written from position `start` on (the cache and
+            `key_mask` may be wider: `decoding_width`), each token's phase and its log-probability under
             the model (before the number mask: what the model itself believed), `steps` at most; with
             `ground_numbers`, writing only the numbers in `numbers` (`grounding.number_table`). The
             cache is donated and returned spent: the loop carries it in its own buffers, not a copy
             (8 rows of 384 positions of Gemma 3 270M: 138 -> 62 MiB of working memory).
             `candidates`: the token ids the rows may write, sorted, and which of them are real
             (`answer_vocabulary.py`); the step projects on their rows of the vocabulary alone."""
-            batch, total = key_mask.shape
+            batch = key_mask.shape[0]
             ids, real = candidates
             if ids.shape[0] < weights["vocabulary"].shape[0]:  # else every token, in order: nothing to pick
                 weights = dict(weights, vocabulary=take_rows(weights["vocabulary"], ids))
@@ -342,7 +351,7 @@ class OnePassDecoder:
                 shown = jnp.where(next_phase != phase, 0, shown + visible[token])  # the text's characters
                 cue_at = jnp.where(phase == REPLY_CUE, cue_at + 1, 0)
                 with self._scope(state):
-                    logits, cache = forward_one(backbone, weights, token[:, None], cache, total - steps + i, key_mask)
+                    logits, cache = forward_one(backbone, weights, token[:, None], cache, start + i, key_mask)
                 return i + 1, cache, logits, next_phase, count, shown, cue_at, tokens, phases, believed, number
 
             def running(carry):
@@ -417,20 +426,21 @@ class OnePassDecoder:
         batch = bucket(len(prompts), BATCH_BUCKETS)
         rows = order + [order[0]] * (batch - len(order))  # the decoding batch's rows, padded with a repeat
         width = length + 1 + len(self.vocabulary.summary_cue)  # the prompts, the label, the summary cue
+        room = max(self.decoding_width, width) - width + steps  # the loop's slots past the prompts
         del group_cache
         release_freed_memory()  # the prefills' working memory, before the batch's cache is made
-        cache = self._decoding_cache(caches, batch, width, steps)
+        cache = self._decoding_cache(caches, batch, width, room)
         first = jnp.concatenate(first_logits + [first_logits[0][:1]] * (batch - len(order)))
-        key_mask = padded_rows([prompts[i] for i in rows], extra=width + steps - length, left=True)[1]
+        key_mask = padded_rows([prompts[i] for i in rows], extra=width + room - length, left=True)[1]
         negative = np.argmax(label_logits + bias, axis=-1) == 0  # the label fed in the prefill
         wants_reply = np.array([wants[i] == "all" or (wants[i] == "negative" and negative[i]) for i in rows])
         wants_reply[len(order):] = False
         texts = [self._decode(prompts[i]) for i in rows]
         numbers = grounding.number_table(texts) if self.ground_numbers else None
-        self._note(f"one-pass decode batch={batch} length={length} steps={steps}")
+        self._note(f"one-pass decode batch={batch} width={width + room - steps} steps={steps}")
         candidates = self._candidates([prompts[i] for i in rows], texts)
-        *outputs, _spent_cache = self._decode_loop(state, self._weights(state), cache, first, key_mask, wants_reply,
-                                                   numbers, candidates, steps=steps)
+        *outputs, _spent_cache = self._decode_loop(state, self._weights(state), cache, first, key_mask, np.int32(width),
+                                                   wants_reply, numbers, candidates, steps=steps)
         tokens, phases, believed = map(np.asarray, outputs)
         for row, i in enumerate(order):
             summary = [t for t, p in zip(tokens[row], phases[row]) if p == SUMMARY]
@@ -461,10 +471,10 @@ class OnePassDecoder:
         stops = (self.vocabulary.summary_end, self.vocabulary.eos)
         return token_confidence([b for t, p, b in zip(tokens, phases, believed) if p == phase and t not in stops])
 
-    def _decoding_cache(self, groups: list, batch: int, width: int, steps: int):
-        """The decoding loop's cache (`step.decoding_layer_cache`) from the prefill groups' caches,
-        one layer at a time, each group's layer let go once copied (`groups` is emptied): the
-        working memory of a layer, not of two more whole caches (eager operations)."""
+    def _decoding_cache(self, groups: list, batch: int, width: int, room: int):
+        """The decoding loop's cache (`step.decoding_layer_cache`, `room` slots past the prompts)
+        from the prefill groups' caches, one layer at a time, each group's layer let go once copied
+        (`groups` is emptied): the working memory of a layer, not of two more whole caches."""
         held = [list(group) for group in groups]  # each group's layers, until copied
         groups.clear()
         cache = []
@@ -474,7 +484,7 @@ class OnePassDecoder:
                 group[number] = None
             k, v = (self._stack([part[kv] for part in parts], batch, width) for kv in (0, 1))
             del parts
-            cache.append(decoding_layer_cache(layer, k, v, steps))
+            cache.append(decoding_layer_cache(layer, k, v, room))
         return tuple(cache)
 
     @staticmethod

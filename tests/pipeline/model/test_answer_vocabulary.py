@@ -25,8 +25,8 @@ def written_tokens(decoder, windows) -> tuple[list, list[set[int]]]:
     tokens its rows wrote (summaries and replies) and the candidates it was given."""
     calls, loop = [], decoder._decode_loop
 
-    def recording(state, weights, cache, logits, key_mask, wants_reply, numbers, candidates, **static):
-        tokens, phases, *rest = loop(state, weights, cache, logits, key_mask, wants_reply, numbers, candidates,
+    def recording(state, weights, cache, logits, key_mask, start, wants_reply, numbers, candidates, **static):
+        tokens, phases, *rest = loop(state, weights, cache, logits, key_mask, start, wants_reply, numbers, candidates,
                                      **static)
         ids, real = candidates
         wrote = np.asarray(tokens)[np.isin(np.asarray(phases), (SUMMARY, REPLY))]

@@ -103,3 +103,19 @@ def test_a_prompted_engine_holding_one_program_gives_what_one_holding_all_gives(
         assert dropping.analyze(batch, "all") == keeping.analyze(batch, "all")
         assert len(dropping.programs) == 1
     assert len(keeping.programs) > 3
+
+
+def test_batches_of_different_prompt_lengths_share_one_decoding_loop_program(tiny_lm):
+    """The decoding loop's cache has room for the longest prompt a decoder takes (`decoding_width`),
+    whatever the batch's: batches of two length buckets (two prefills) run one loop program, and a
+    short chat decodes as it does beside a long one."""
+    chats = load_examples(DATA_DIR / "v2" / "train.jsonl")
+    decoder = OnePassDecoder(tiny_lm, summary_tokens=4, reply_tokens=3)
+    lengths = {len(decoder.vocabulary.prompt(c.window)[0]): c.window for c in chats[:40]}
+    short, long = lengths[min(lengths)], lengths[max(lengths)]
+    alone = decoder.run([short], "all") + decoder.run([long], "all")
+    prefills = [key for key in decoder.compiles if "prefill" in key]
+    loops = [key for key in decoder.compiles if "decode" in key]
+    assert len(prefills) == 2 and len(loops) == 1, decoder.compiles
+    assert loops[0] == f"one-pass decode batch=1 width={decoder.decoding_width} steps={decoder.decoding_steps}"
+    assert OnePassDecoder(tiny_lm, summary_tokens=4, reply_tokens=3).run([short], "all") == alone[:1]
