@@ -47,6 +47,16 @@ def settle_deferred_variables(model: Any) -> list[str]:
     return [v.path for v in model.weights if v._value is None]
 
 
+def forget_deferred_variables(variables: Any) -> None:
+    """keras 3.15.1: take `variables` off the process-wide list of deferred ones (see
+    `settle_deferred_variables`): variables a model no longer holds, never to be initialized."""
+    from keras.src.backend.common import global_state
+
+    gone = {id(variable) for variable in variables}
+    pending = global_state.get_global_attribute("uninitialized_variables") or []
+    global_state.set_global_attribute("uninitialized_variables", [v for v in pending if id(v) not in gone])
+
+
 def layers_with_weights(model: Any) -> list:
     """keras 3.15.1 `Layer._flatten_layers(include_self=False)`, keeping those holding weights:
     the numbering keras-hub's LoRA adapter files use for their layers (keras-hub 0.32.0

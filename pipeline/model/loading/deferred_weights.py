@@ -35,3 +35,18 @@ def settle(model: Any) -> None:
     empty = compat.settle_deferred_variables(model)
     if empty:
         raise ValueError(f"{len(empty)} weights were never assigned, e.g. {empty[:3]}")
+
+
+def changed_unfilled(model: Any, change: Callable[[], None]) -> None:
+    """`change()`, one that replaces some of the variables of a `model` built by `build_unfilled`
+    (quantizing its layers in structure, say), with the new variables deferred too and the replaced
+    ones forgotten: keras would otherwise draw their initial values at its next stateless scope."""
+    import keras
+
+    from pipeline import compat
+
+    before = list(model.weights)
+    with keras.StatelessScope(initialize_variables=False):
+        change()
+    kept = {id(variable) for variable in model.weights}
+    compat.forget_deferred_variables([variable for variable in before if id(variable) not in kept])

@@ -63,6 +63,19 @@ class JitAbsMaxQuantizer(keras.quantizers.AbsMaxQuantizer):
         return _abs_max(x, axis=axis)
 
 
+class ShapeQuantizer(keras.quantizers.AbsMaxQuantizer):
+    """int8 zeros and unit scales of a kernel's shapes, from its shape alone (it may hold no value):
+    a layer quantized in structure only, its int8 weights read next (`sources.ModelSource.load`)."""
+
+    def __call__(self, x, axis=None, to_numpy=False):
+        import numpy as np
+
+        axis = self.axis if axis is None else axis
+        summed = {a % len(x.shape) for a in (axis if isinstance(axis, (list, tuple)) else (axis,))}
+        return (np.zeros(x.shape, "int8"),
+                np.ones([1 if i in summed else size for i, size in enumerate(x.shape)], "float32"))
+
+
 def summed_axes(equation: str, operand: int = 1) -> tuple[int, ...]:
     """The axes of an einsum's operand (0: the input, 1: the kernel) that `equation` sums over,
     counted from the operand's last axis, so an ellipsis may lead ("btd,df->btf": (-2,) for the kernel)."""
@@ -71,17 +84,18 @@ def summed_axes(equation: str, operand: int = 1) -> tuple[int, ...]:
     return tuple(i - len(letters) for i, letter in enumerate(letters) if letter.isalpha() and letter not in output)
 
 
-def quantize_int8(backbone) -> None:
+def quantize_int8(backbone, quantizer: type[keras.quantizers.AbsMaxQuantizer] = JitAbsMaxQuantizer) -> None:
     """Quantize a keras-hub Gemma backbone's projections and token embedding to keras's int8, in place,
-    handing each layer's freed bfloat16 kernels back to the system as it goes (the loading peak)."""
+    handing each layer's freed bfloat16 kernels back to the system as it goes (the loading peak).
+    `ShapeQuantizer`: in structure only, for a backbone whose int8 weights are read next."""
     with compat.garbage_collected_once():
         for layer in backbone.transformer_layers:
             attention = layer.attention
             for dense in (attention.query_dense, attention.key_dense, attention.value_dense,
                           attention.output_dense, layer.gating_ffw, layer.gating_ffw_2, layer.ffw_linear):
-                weight_quantizer = JitAbsMaxQuantizer(axis=summed_axes(dense.equation))
+                weight_quantizer = quantizer(axis=summed_axes(dense.equation))
                 dense.quantize(INT8, config=keras.quantizers.Int8QuantizationConfig(weight_quantizer=weight_quantizer))
             release_freed_memory()
         backbone.token_embedding.quantize(INT8, config=keras.quantizers.Int8QuantizationConfig(
-            weight_quantizer=JitAbsMaxQuantizer(axis=-1)))
+            weight_quantizer=quantizer(axis=-1)))
         release_freed_memory()

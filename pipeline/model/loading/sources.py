@@ -33,16 +33,17 @@ import shutil
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
 from chatlens.config import get_settings
 from chatlens.quiet import native_noise_filtered
 from pipeline.model.decoding.calibration import LabelCalibration
-from pipeline.model.loading.deferred_weights import build_unfilled, settle
+from pipeline.model.loading.deferred_weights import build_unfilled, changed_unfilled, settle
 from pipeline.model.loading.keras_import import has_tensorflow, import_keras_hub
 from pipeline.model.loading.narrowed_reads import reads_narrowed
+from pipeline.model.loading.quantize import INT8, ShapeQuantizer, quantize_int8
 from pipeline.model.training.adapters import (ADAPTER_SUFFIX, SHIPPED_ADAPTER, AdapterServing, adapter_name,
                                               load_adapter)
 from pipeline.model.types import ModelSpecError
@@ -67,8 +68,9 @@ class ModelSource:
     converted: bool = False  # True when resolving this spec ran a conversion or an adapter merge
     tuned: bool = False  # tuned by ChatLens: answers in one pass (pipeline/model/training/format.py)
     serving: AdapterServing = AdapterServing()  # a tuned model's calibration, offer policy, format and styles, from its manifest
+    cache: str = ""  # the cache it was resolved under (`resolve_model`): where its int8 weights are kept
 
-    def load(self, dtype: str = "float32", tensorflow: bool = True) -> Any:
+    def load(self, dtype: str = "float32", tensorflow: bool = True, int8: bool = False) -> Any:
         """The `keras_hub.models.CausalLM` (a `Gemma3CausalLM` for the bundled GGUF).
 
         A local preset with one weights file (what ChatLens writes) is built without random
@@ -77,17 +79,31 @@ class ModelSource:
         TensorFlow, the model gets keras-hub's plain `CausalLMPreprocessor` around the preset's
         tokenizer (the decoders read only the tokenizer; Gemma 3's own preprocessor refuses to
         start without TensorFlow), so such a model cannot be saved as a preset.
+        `int8`: its projections and embedding in keras's int8 (`loading/quantize.py`). Such a preset's
+        int8 weights are made once under the cache (`int8_weights`) and read into a model quantized
+        in structure only: its weights are never held in `dtype` (the loading peak), and nothing is
+        computed. Any other is quantized as it loads.
         """
         keras_hub = import_keras_hub(tensorflow)
         weights = Path(self.preset) / "model.weights.h5"
+        quantized = int8 and weights.is_file()
+        if quantized:
+            weights = self.int8_weights(dtype)
         with native_noise_filtered():  # the tokenizer's sentencepiece notes
             if not weights.is_file():  # a Kaggle handle or a sharded preset: keras-hub's own way
                 if has_tensorflow():
-                    return keras_hub.models.CausalLM.from_preset(self.preset, dtype=dtype)
+                    causal_lm = keras_hub.models.CausalLM.from_preset(self.preset, dtype=dtype)
+                    if int8:
+                        quantize_int8(causal_lm.backbone)
+                    return causal_lm
                 backbone = keras_hub.models.Backbone.from_preset(self.preset, dtype=dtype)
+                if int8:
+                    quantize_int8(backbone)
             else:
                 backbone = build_unfilled(
                     lambda: keras_hub.models.Backbone.from_preset(self.preset, dtype=dtype, load_weights=False))
+                if quantized:
+                    changed_unfilled(backbone, lambda: quantize_int8(backbone, ShapeQuantizer))
                 with reads_narrowed(dtype):  # no float32 copy of the vocabulary for a bfloat16 model
                     backbone.load_weights(weights)
                 settle(backbone)
@@ -99,6 +115,24 @@ class ModelSource:
                         and c.backbone_cls is type(backbone))
             return task(backbone=backbone, preprocessor=keras_hub.models.CausalLMPreprocessor(tokenizer=tokenizer))
 
+    def int8_weights(self, dtype: str) -> Path:
+        """This local preset's weights in keras's int8, made once (the model loaded in `dtype` and
+        quantized, `quantize_int8`) under the cache's `models/`, named and marked by the preset's
+        weights file (its path, size and time: a preset rebuilt in place is quantized again)."""
+        source = (Path(self.preset) / "model.weights.h5").resolve()
+        found = source.stat()
+        digest = hashlib.sha256(f"{source}|{found.st_size}|{found.st_mtime_ns}|{dtype}".encode()).hexdigest()
+        marker = {"model_id": f"{self.model_id}+{INT8}", "source_sha256": digest, "converter_version": "int8-1"}
+        target = Path(self.cache or get_settings().cache) / "models" / f"{source.parent.name}+{INT8}-{digest[:8]}"
+
+        def quantize(staging: Path) -> None:
+            causal_lm = self.load(dtype, tensorflow=False, int8=False)
+            quantize_int8(causal_lm.backbone)
+            causal_lm.backbone.save_weights(str(staging / "model.weights.h5"))
+
+        _ensure_preset(target, marker, quantize, tensorflow=False)
+        return target / "model.weights.h5"
+
 
 def resolve_model(spec: str, cache_dir: str | Path | None = None, adapter: str | Path | None = None) -> ModelSource:
     """Find (converting or merging once if needed) the model named by `spec`, plus `adapter`."""
@@ -107,7 +141,7 @@ def resolve_model(spec: str, cache_dir: str | Path | None = None, adapter: str |
     if spec == GGUF_SPEC and adapter is None:
         adapter = SHIPPED_ADAPTER
     base = _resolve_base(spec, cache)
-    return _with_adapter(base, Path(adapter), cache) if adapter else base
+    return replace(_with_adapter(base, Path(adapter), cache) if adapter else base, cache=str(cache))
 
 
 def use_compilation_cache(cache: Path) -> None:
@@ -237,14 +271,16 @@ def _with_adapter(base: ModelSource, adapter: Path, cache_dir: Path) -> ModelSou
                        tuned=True, serving=serving)
 
 
-def _ensure_preset(preset_dir: Path, marker: dict[str, Any], build: Callable[[Path], None]) -> bool:
-    """Build the preset at `preset_dir` unless a current one is there; True when it was built."""
+def _ensure_preset(preset_dir: Path, marker: dict[str, Any], build: Callable[[Path], None],
+                   tensorflow: bool = True) -> bool:
+    """Build the preset at `preset_dir` unless a current one is there; True when it was built.
+    `tensorflow=False`: what `build` writes is no whole preset (int8 weights alone)."""
     if _is_current(preset_dir, marker):
         return False
     with _exclusive(preset_dir.parent / ".convert.lock"):
         if _is_current(preset_dir, marker):  # another process may have finished it
             return False
-        _build(preset_dir, marker, build)
+        _build(preset_dir, marker, build, tensorflow)
         return True
 
 
@@ -269,13 +305,14 @@ def _exclusive(lock_path: Path) -> Iterator[None]:
         yield
 
 
-def _build(preset_dir: Path, marker: dict[str, Any], build: Callable[[Path], None]) -> None:
+def _build(preset_dir: Path, marker: dict[str, Any], build: Callable[[Path], None], tensorflow: bool = True) -> None:
     """Build into a temp dir beside `preset_dir`, then swap it in. Caller holds the lock."""
-    import_keras_hub()
-    if not has_tensorflow():  # a preset saved without Gemma's own preprocessor would be another preset
-        raise RuntimeError(f"building {preset_dir} needs keras-hub with TensorFlow, and this process loaded a "
-                           "model without it first (serving does): build it in a process of its own first, "
-                           "e.g. one run of `chatlens analyze` on this model alone")
+    if tensorflow:  # a preset saved without Gemma's own preprocessor would be another preset
+        import_keras_hub()
+        if not has_tensorflow():
+            raise RuntimeError(f"building {preset_dir} needs keras-hub with TensorFlow, and this process loaded a "
+                               "model without it first (serving does): build it in a process of its own first, "
+                               "e.g. one run of `chatlens analyze` on this model alone")
     for leftover in preset_dir.parent.glob(f"{preset_dir.name}.*.tmp"):
         shutil.rmtree(leftover, ignore_errors=True)  # from a conversion that was killed
     log.info("building %s (one-off)", preset_dir)

@@ -51,3 +51,34 @@ def test_a_quantized_gemma_holds_int8_kernels_and_serves_within_int8_rounding(mo
     assert all("scale" in v.path or len(v.shape) == 1 for v in left)  # scales and norms only
     after = np.asarray(lm(tokens), "float32")
     assert np.abs(after - before).max() < 0.1 * np.abs(before).max()
+
+
+def test_a_local_presets_int8_weights_are_made_once_and_read_into_a_model_quantized_in_structure(
+        model_cache, tmp_path):
+    """`ModelSource.load(int8=True)` on a preset of one weights file: the int8 weights are made once
+    under the cache and read back into a model that never holds its bfloat16 kernels; every weight
+    and the logits are those of quantizing the model as loaded, and a second load makes nothing."""
+    import jax.numpy as jnp
+
+    from pipeline.model.loading.quantize import quantize_int8
+    from pipeline.model.loading.sources import resolve_model
+    from tests.support.models import tiny_gemma_lm
+
+    tiny_gemma_lm(model_cache).save_to_preset(str(tmp_path / "tiny"))
+    source = resolve_model(str(tmp_path / "tiny"), tmp_path / "cache")
+    expected = source.load("bfloat16")
+    quantize_int8(expected.backbone)
+    read = source.load("bfloat16", int8=True)
+    made, = (tmp_path / "cache" / "models").glob("tiny+int8-*/model.weights.h5")
+    assert read.backbone.token_embedding.quantization_mode == "int8"
+    want = {v.path: np.asarray(v.value) for v in expected.backbone.weights}
+    got = {v.path: np.asarray(v.value) for v in read.backbone.weights}
+    assert got.keys() == want.keys() and any(a.dtype == np.int8 for a in got.values())
+    for path, value in want.items():
+        assert got[path].dtype == value.dtype, path
+        np.testing.assert_array_equal(got[path], value, err_msg=path)
+    tokens = {"token_ids": jnp.array([[2, 5, 9, 11]]), "padding_mask": jnp.ones((1, 4), bool)}
+    np.testing.assert_array_equal(np.asarray(read(tokens), "float32"), np.asarray(expected(tokens), "float32"))
+    written = made.stat().st_mtime_ns
+    source.load("bfloat16", int8=True)
+    assert made.stat().st_mtime_ns == written

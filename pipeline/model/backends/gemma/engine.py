@@ -9,7 +9,7 @@ from pipeline.model.backends.base import ModelOptions
 from pipeline.model.decoding.one_pass import OnePassEngine
 from pipeline.model.decoding.prompted import EngineConfig, PromptedEngine
 from pipeline.model.environment import release_freed_memory
-from pipeline.model.loading.quantize import INT8, quantize_int8
+from pipeline.model.loading.quantize import INT8
 from pipeline.model.loading.reply_library import ReplyLibraryFile
 from pipeline.model.loading.sources import resolve_model
 from pipeline.model.types import Engine
@@ -19,8 +19,8 @@ SERVING_DTYPE = "bfloat16"
 """The dtype a tuned model is served in: the one its decoding step reads (`OnePassDecoder`'s
 `step_dtype`), so the weights are held once (a float32 model beside its bfloat16 step weights
 was 1.5 GiB of the 270M model's 3.4 GiB peak). The prefill, and so the label probabilities, then
-runs in it too; by default (`--weights int8`) keras then quantizes the weights to int8
-(`loading/quantize.py`). Both engines load without TensorFlow (`import_keras_hub`) where nothing in the
+runs in it too; by default (`--weights int8`) its weights are keras's int8 (`loading/quantize.py`),
+made once under the cache and read as they are (`sources.ModelSource.load`). Both engines load without TensorFlow (`import_keras_hub`) where nothing in the
 process imported keras-hub before."""
 
 
@@ -37,12 +37,12 @@ def load_engine(options: ModelOptions, config: EngineConfig | None = None) -> En
     """
     source = resolve_model(options.model, options.model_cache, options.adapter)
     config = config or EngineConfig()
-    causal_lm = source.load(SERVING_DTYPE if source.tuned else "float32", tensorflow=False)
+    int8 = source.tuned and options.weights == INT8
+    causal_lm = source.load(SERVING_DTYPE if source.tuned else "float32", tensorflow=False, int8=int8)
     release_freed_memory()  # what reading and converting the weights freed
     if source.tuned:
         model_id = source.model_id
-        if options.weights == INT8:
-            quantize_int8(causal_lm.backbone)
+        if int8:
             forget_loading_programs()
             model_id += f"+{INT8}"  # its outputs differ from the weights as loaded: insights say which
         return OnePassEngine(causal_lm, model_id, max_prompt_tokens=config.max_prompt_tokens,
