@@ -426,18 +426,18 @@ class OnePassDecoder:
         batch = bucket(len(prompts), BATCH_BUCKETS)
         rows = order + [order[0]] * (batch - len(order))  # the decoding batch's rows, padded with a repeat
         width = length + 1 + len(self.vocabulary.summary_cue)  # the prompts, the label, the summary cue
-        room = max(self.decoding_width, width) - width + steps  # the loop's slots past the prompts
+        loop_width = max(self.decoding_width, width)  # the loop's cache before its first step (`decoding_width`)
         del group_cache
         release_freed_memory()  # the prefills' working memory, before the batch's cache is made
-        cache = self._decoding_cache(caches, batch, width, room)
+        cache = self._decoding_cache(caches, batch, width, loop_width - width + steps)
         first = jnp.concatenate(first_logits + [first_logits[0][:1]] * (batch - len(order)))
-        key_mask = padded_rows([prompts[i] for i in rows], extra=width + room - length, left=True)[1]
+        key_mask = padded_rows([prompts[i] for i in rows], extra=loop_width + steps - length, left=True)[1]
         negative = np.argmax(label_logits + bias, axis=-1) == 0  # the label fed in the prefill
         wants_reply = np.array([wants[i] == "all" or (wants[i] == "negative" and negative[i]) for i in rows])
         wants_reply[len(order):] = False
         texts = [self._decode(prompts[i]) for i in rows]
         numbers = grounding.number_table(texts) if self.ground_numbers else None
-        self._note(f"one-pass decode batch={batch} width={width + room - steps} steps={steps}")
+        self._note(f"one-pass decode batch={batch} width={loop_width} steps={steps}")
         candidates = self._candidates([prompts[i] for i in rows], texts)
         *outputs, _spent_cache = self._decode_loop(state, self._weights(state), cache, first, key_mask, np.int32(width),
                                                    wants_reply, numbers, candidates, steps=steps)

@@ -84,25 +84,27 @@ class ModelSource:
         in structure only: its weights are never held in `dtype` (the loading peak), and nothing is
         computed. Any other is quantized as it loads.
         """
-        keras_hub = import_keras_hub(tensorflow)
+        keras_hub = import_keras_hub(tensorflow)  # first: making the int8 weights loads without it
         weights = Path(self.preset) / "model.weights.h5"
-        quantized = int8 and weights.is_file()
-        if quantized:
-            weights = self.int8_weights(dtype)
+        if int8 and weights.is_file():
+            return self._read(keras_hub, dtype, self.int8_weights(dtype), int8=True)
+        causal_lm = self._read(keras_hub, dtype, weights)
+        if int8:  # a Kaggle handle or a sharded preset: quantized as it loads
+            quantize_int8(causal_lm.backbone)
+        return causal_lm
+
+    def _read(self, keras_hub, dtype: str, weights: Path, int8: bool = False) -> Any:
+        """`load`'s reading: from `weights` where it is a file (`int8`: int8 weights, read into a model
+        quantized in structure only), else keras-hub's own way."""
         with native_noise_filtered():  # the tokenizer's sentencepiece notes
             if not weights.is_file():  # a Kaggle handle or a sharded preset: keras-hub's own way
                 if has_tensorflow():
-                    causal_lm = keras_hub.models.CausalLM.from_preset(self.preset, dtype=dtype)
-                    if int8:
-                        quantize_int8(causal_lm.backbone)
-                    return causal_lm
+                    return keras_hub.models.CausalLM.from_preset(self.preset, dtype=dtype)
                 backbone = keras_hub.models.Backbone.from_preset(self.preset, dtype=dtype)
-                if int8:
-                    quantize_int8(backbone)
             else:
                 backbone = build_unfilled(
                     lambda: keras_hub.models.Backbone.from_preset(self.preset, dtype=dtype, load_weights=False))
-                if quantized:
+                if int8:
                     changed_unfilled(backbone, lambda: quantize_int8(backbone, ShapeQuantizer))
                 with reads_narrowed(dtype):  # no float32 copy of the vocabulary for a bfloat16 model
                     backbone.load_weights(weights)
