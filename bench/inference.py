@@ -1,14 +1,16 @@
 """Benchmark: ChatLens's tuned one-pass model against its prompted engine, the public Beam Gemma
 pattern and llama.cpp on the same GGUF.
 
-Same chats, same batch size, one run, up to four systems:
+Same chats, the same chats side by side (`--batch-size`) and a call (`--bundle`), one run, up to
+four systems:
 - `public`: the public pattern (Beam's Gemma notebooks) on the untuned model: `model.generate(prompt)`
   once per element with one prompt asking for JSON sentiment and summary, then a second
   prompt for the apology;
 - `prompted`: GemmaModelHandler on `gemma3-270m-base`, the engine untuned models get (sentiment by
   one scoring pass, summaries and replies by batched generation: three prefills per chat);
 - `tuned`: GemmaModelHandler on `gemma3-270m`, the default (one pass per chat: label, summary and
-  the reply where `--reply-for negative` selects it, on one attention cache);
+  the reply where `--reply-for negative` selects it, on one attention cache; a bundle's chats
+  beyond `--batch-size` join its decoding loop as others finish);
 - `llamacpp`: what a user would pick to run the 270M model on a CPU: llama.cpp on the bundled
   Q4_K_M GGUF with continuous batching, `--batch-size` chats side by side (bench/llamacpp.py),
   given tuned's prompts and its mean generated tokens a chat, greedy (needs the `llamacpp` extra).
@@ -17,13 +19,13 @@ Each system runs in its own subprocess so compile caches and peak RSS are its ow
 runs once untimed, then times a second pass: the steady state of a long-running job, which
 compiles each of its few shape buckets once (the warm-up's seconds are reported beside). Prints
 the machine (`helpers.machine`: CPU, cores, vector extensions, memory), then chats/s, generated
-tokens/s, p50/p95 latency a chat (from its batch's start to its result), XLA compile count, peak
+tokens/s, p50/p95 latency a chat (from its bundle's start to its result), XLA compile count, peak
 RSS, the speedups and RSS ratios, then one line of JSON with those figures. A system whose process
 fails is listed as failed (its log shown above) and the others are still reported; the exit status is 1.
 `--batch-size 1` measures one chat alone: the latency of a streaming job at low rates. A
 progress bar per system shows on stderr (the loading and the warm-up come before its first step).
 
-    .venv/bin/python bench/inference.py [--chats 32] [--batch-size 8] [--systems tuned llamacpp]
+    .venv/bin/python bench/inference.py [--chats 32] [--batch-size 8] [--bundle 32] [--systems tuned llamacpp]
 """
 
 from __future__ import annotations
@@ -122,17 +124,21 @@ def run_public(chats, model: str, cache: str | None) -> dict:
             "model_id": source.model_id, "max_length": max_length}
 
 
-def run_chatlens(chats, model: str, cache: str | None, batch_size: int) -> dict:
+def run_chatlens(chats, model: str, cache: str | None, batch_size: int, bundle: int) -> dict:
+    """Calls of `bundle` chats, as Beam hands them to the handler; the one-pass engine decodes
+    `batch_size` of them side by side, the rest joining as others finish."""
     from pipeline.model.backends.gemma.handler import GemmaModelHandler
 
     handler = GemmaModelHandler(model, cache_dir=cache, large_model=False, reply_for="negative")
     engine = handler.load_model()
     decoder = getattr(engine, "decoder", None)  # the one-pass engine's
+    if decoder is not None:
+        decoder.decoding_rows = batch_size
 
     def batch_run(batch) -> None:
         list(handler.run_inference(batch, engine))
 
-    batches = [chats[start : start + batch_size] for start in range(0, len(chats), batch_size)]
+    batches = [chats[start : start + bundle] for start in range(0, len(chats), bundle)]
     # Warm-up: every batch once, untimed, so that each shape's XLA compile falls outside the timed
     # pass: a long-running streaming job compiles each of its few shape buckets once.
     warm_up = time.perf_counter()
@@ -146,7 +152,7 @@ def run_chatlens(chats, model: str, cache: str | None, batch_size: int) -> dict:
         t0 = time.perf_counter()
         batch_run(batch)
         latencies.append(time.perf_counter() - t0)
-        progress(min(done * batch_size, len(chats)))
+        progress(min(done * bundle, len(chats)))
     result = {"seconds": time.perf_counter() - started, "warm_up_seconds": warm_up,
               "latencies": [seconds for batch, seconds in zip(batches, latencies) for _ in batch],
               "tokens": engine.get_stats()["generated_tokens"] - tokens_before, "model_id": engine.model_id,
@@ -156,11 +162,12 @@ def run_chatlens(chats, model: str, cache: str | None, batch_size: int) -> dict:
     return result
 
 
-def run_llamacpp(cache: str | None, batch_size: int, prompts: list[list[int]], tokens_per_chat: int) -> dict:
-    """llama.cpp's continuous batching (bench/llamacpp.py) over the same batches: the tuned
-    system's prompts and its mean tokens a chat, as many chats side by side as ChatLens's batch
-    holds. A chat's latency is from its batch's start to its last token (a batch's chats arrive
-    together; ChatLens answers them all at its batch's end)."""
+def run_llamacpp(cache: str | None, batch_size: int, prompts: list[list[int]], tokens_per_chat: int,
+                 bundle: int) -> dict:
+    """llama.cpp's continuous batching (bench/llamacpp.py) over the same bundles: the tuned
+    system's prompts and its mean tokens a chat, `batch_size` chats side by side as ChatLens's
+    loop holds them. A chat's latency is from its bundle's start to its last token (a bundle's
+    chats arrive together; ChatLens answers them all at its bundle's end)."""
     from bench.llamacpp import LlamaCppServer
     from chatlens.config import get_settings
     from pipeline.model.loading.sources import bundled_gguf
@@ -169,8 +176,7 @@ def run_llamacpp(cache: str | None, batch_size: int, prompts: list[list[int]], t
     server = LlamaCppServer(str(gguf), slots=batch_size, threads=os.cpu_count() or 1,
                             context=batch_size * (max(map(len, prompts)) + tokens_per_chat + 1))
     budgets = [tokens_per_chat] * len(prompts)
-    bundles = [list(range(start, min(start + batch_size, len(prompts))))
-               for start in range(0, len(prompts), batch_size)]
+    bundles = [list(range(start, min(start + bundle, len(prompts)))) for start in range(0, len(prompts), bundle)]
     warm_up = time.perf_counter()
     server.serve([prompts[i] for i in bundles[0]], budgets)  # untimed, as ChatLens's warm-up
     warm_up = time.perf_counter() - warm_up
@@ -192,14 +198,14 @@ def child(args: argparse.Namespace) -> None:
         given = json.loads(args.given.read_text())
         compiles = [0]
         chats = given["prompts"]
-        result = run_llamacpp(args.cache, args.batch_size, chats, given["tokens_per_chat"])
+        result = run_llamacpp(args.cache, args.batch_size, chats, given["tokens_per_chat"], args.bundle)
     else:
         compiles = compile_counter()
         chats = load_chats(args.data, args.chats)
         if args.system == "public":
             result = run_public(chats, SYSTEMS["public"], args.cache)
         else:
-            result = run_chatlens(chats, SYSTEMS[args.system], args.cache, args.batch_size)
+            result = run_chatlens(chats, SYSTEMS[args.system], args.cache, args.batch_size, args.bundle)
     latencies = sorted(result.pop("latencies"))
     result.update(
         system=args.system,
@@ -250,8 +256,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--chats", type=int, default=32, help="chats per system (default: %(default)s)")
     parser.add_argument("--batch-size", type=int, default=8,
-                        help="chats per model call, as Beam hands them to the handler, and llama.cpp's parallel "
+                        help="chats decoded side by side: the tuned engine's decoding rows and llama.cpp's parallel "
                              "slots (default: %(default)s; 1: one chat alone, the latency)")
+    parser.add_argument("--bundle", type=int,
+                        help="chats per model call, as Beam hands them to the handler (default: --batch-size); "
+                             "more than --batch-size join as others finish (continuous batching)")
     parser.add_argument("--cache", default=os.environ.get("CHATLENS_CACHE"), help="model cache directory")
     parser.add_argument("--data", type=Path, default=ROOT / "data/source/eval_chats.jsonl")
     parser.add_argument("--systems", nargs="+", choices=list(SYSTEMS), default=["public", "prompted", "tuned"],
@@ -260,6 +269,7 @@ def main() -> int:
     parser.add_argument("--system", choices=list(SYSTEMS), help=argparse.SUPPRESS)
     parser.add_argument("--given", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    args.bundle = args.bundle or args.batch_size
     if args.system:
         child(args)
         return 0
@@ -274,7 +284,8 @@ def main() -> int:
                 failures[system] = "not run: it is given tuned's prompts, and tuned failed"
                 continue
             command = [sys.executable, __file__, "--system", system, "--chats", str(args.chats), "--batch-size",
-                       str(args.batch_size), "--data", str(args.data), "--given", str(given)]
+                       str(args.batch_size), "--bundle", str(args.bundle), "--data", str(args.data),
+                       "--given", str(given)]
             if args.cache:
                 command += ["--cache", args.cache]
             try:
@@ -304,12 +315,13 @@ def main() -> int:
         print(f"peak RSS {name.replace('_vs_', ' / ')}: {value:.2f}")
     if "llamacpp" in results:
         latency = results["tuned"]["p50_chat_s"] / results["llamacpp"]["p50_chat_s"]
-        print(f"p50 chat latency tuned / llamacpp: {latency:.2f} (at {args.batch_size} chat(s) a call)")
+        print(f"p50 chat latency tuned / llamacpp: {latency:.2f} ({args.batch_size} side by side, "
+              f"{args.bundle} a call)")
     for name, reason in failures.items():
         print(f"{name:<10} {reason}")
     summary = {name: {k: r[k] for k in COLUMNS} for name, r in results.items()}
     print(json.dumps({"bench": "inference", "machine": host, "chats": args.chats, "batch_size": args.batch_size,
-                      **summary, "speedup": {k: round(v, 2) for k, v in speedups.items()},
+                      "bundle": args.bundle, **summary, "speedup": {k: round(v, 2) for k, v in speedups.items()},
                       "peak_rss_ratio": {k: round(v, 2) for k, v in ratios.items()}, "failed": failures}))
     return 1 if failures else 0
 

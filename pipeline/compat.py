@@ -25,7 +25,7 @@ PRIVATE_NAMES = (
     # keras
     "keras.src", "global_state", "uninitialized_variables", "_value", "_flatten_layers", "_h5_entry_group",
     # keras-hub
-    "keras_hub.src", "_apply_rope", "_lora_rank", "_lora_enabled_layers",
+    "keras_hub.src", "_lora_rank", "_lora_enabled_layers",
     # Beam
     "_DirectReadFromPubSub", "_PubSubReadEvaluator", "_test_evaluators_overrides", "_from_message",
     "_applied_ptransform", "_get_subscriber_client", "_sub_name", "_read_from_pubsub", "_infer_output_coder",
@@ -153,12 +153,6 @@ def int8_embeddings(embedding: Any) -> tuple[Any, Any] | None:
 
 
 # ---- keras-hub (0.32.0) ------------------------------------------------------------------------
-def apply_rope(attention: Any, x: Any, index: Any) -> Any:
-    """keras-hub 0.32.0 `CachedGemma3Attention._apply_rope(x, start_index)`: the rotary
-    embedding Gemma 3 applies to queries and keys at positions from `index`."""
-    return attention._apply_rope(x, index)
-
-
 def lora_rank(backbone: Any) -> int | None:
     """keras-hub 0.32.0 `Backbone._lora_rank` (set by `enable_lora`), None before it."""
     return getattr(backbone, "_lora_rank", None)

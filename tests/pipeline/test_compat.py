@@ -87,13 +87,6 @@ def test_float32_accumulation():
         assert keras.ops.einsum("ij,jk->ik", np.ones((2, 3), "float32"), np.ones((3, 2), "float32")).dtype == "float32"
     assert (backend_numpy.einsum, backend_numpy.matmul) == own
 
-def test_apply_rope():
-    from keras_hub.src.models.gemma3.gemma3_attention import CachedGemma3Attention
-
-    parameters = list(inspect.signature(CachedGemma3Attention._apply_rope).parameters)
-    assert parameters[:3] == ["self", "x", "start_index"], upgraded("apply_rope", "keras-hub")
-
-
 def test_keras_hub_has_tensorflow():
     from keras_hub.src.utils import tensor_utils
 

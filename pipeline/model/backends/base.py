@@ -62,7 +62,8 @@ SHARED_OPTIONS: tuple[Option, ...] = (
     Option("--model-cache", "where converted models are cached (default: CHATLENS_CACHE)", metavar="DIR"),
     Option("--prompt-variant", "prompt set: 'completion' or 'chat' (default: follows the model kind)"),
     Option("--min-batch-size", "smallest model batch", 1, int),
-    Option("--max-batch-size", "largest model batch", 8, int),
+    Option("--max-batch-size", "largest model batch: chats a model call takes (a tuned model decodes 8 side by side, "
+           "the rest joining as others finish)", 8, int),
     Option("--max-batch-duration-secs", "longest a batch waits to fill up; 0 batches within a bundle only",
            1, int, minimum=0),
     Option("--model-copies", "copies of the model per machine, e.g. one per GPU", 1, int, minimum=1),

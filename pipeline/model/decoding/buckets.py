@@ -65,16 +65,18 @@ lower it and read it from the compilation cache (`programs.py`), at ~1,100 prefi
 
 
 def prefill_groups(lengths: Sequence[int], overhead: int = PREFILL_OVERHEAD_TOKENS,
-                   held: Callable[[int, int], bool] | None = None, reload: int = RELOAD_TOKENS) -> list[list[int]]:
-    """Indices sorted by length, split into the groups that prefill the fewest padded tokens: each
-    group pads to its own batch and length buckets and costs `overhead` more, and `reload` more
-    where `held(batch, length)` says that shape's program is not compiled. One long chat among
-    short ones gets a prefill of its own instead of padding every row to its length; a worker
-    settles on the shapes it holds instead of reloading a program for a few padded tokens."""
+                   held: Callable[[int, int], bool] | None = None, reload: int = RELOAD_TOKENS,
+                   max_batch: int = BATCH_BUCKETS[-1]) -> list[list[int]]:
+    """Indices sorted by length, split into the groups of at most `max_batch` that prefill the fewest
+    padded tokens: each group pads to its own batch and length buckets and costs `overhead` more,
+    and `reload` more where `held(batch, length)` says that shape's program is not compiled. One
+    long chat among short ones gets a prefill of its own instead of padding every row to its
+    length; a worker settles on the shapes it holds instead of reloading a program for a few
+    padded tokens."""
     order = sorted(range(len(lengths)), key=lambda i: lengths[i])
     best, start_of = [0] + [None] * len(order), [0] * (len(order) + 1)
     for end in range(1, len(order) + 1):
-        for start in range(end):
+        for start in range(max(0, end - max_batch), end):
             batch, length = bucket(end - start, BATCH_BUCKETS), bucket(lengths[order[end - 1]], LENGTH_BUCKETS)
             missing = reload if held is not None and not held(batch, length) else 0
             cost = best[start] + overhead + missing + batch * length

@@ -1,6 +1,7 @@
 """One pass per chat for a Gemma tuned on `chat_format`: prefill once, then label, summary, reply.
 
-For a batch of chats:
+A call's chats decode `decoding_rows` at a time, side by side (continuous batching: a chat that
+is done leaves its row and a waiting one joins in its place, `loop_rows.py`). For the chats that join:
 1. the prompts are prefilled once, in groups of similar lengths (`buckets.prefill_groups`: one
    long chat gets a prefill of its own rather than padding every row to its length, and shapes
    whose programs are compiled are preferred to loading another). Every
@@ -8,20 +9,19 @@ For a batch of chats:
    typical prompt's ~190 tokens in format 2): its keys and values are computed once per model
    state and copied into each group's cache, which prefills only the rest of each prompt,
    right-padded, then moves each row to end where the group's width does (`step.right_aligned`:
-   the cache a left-padded prefill of the whole prompts writes); the label probabilities are the
+   the cache a left-padded prefill of the whole prompts writes) and writes it into its row of the
+   decoding loop's cache; the label probabilities are the
    three label tokens' logits at the prompt's end through the adapter's calibration
    (`pipeline/model/decoding/calibration.py`), and the label is their argmax; each row is fed its
    label token and the summary cue;
-2. the groups' caches join one decoding cache, every prompt ending at the same position (the
-   shorter groups' keys rotated on: `step.shift_positions`), and each row decodes its
-   summary greedily;
+2. each row decodes its summary greedily, from its own position on;
 3. a row whose reply is wanted (`reply_for`: always, or where its label came out negative)
    is fed the reply cue as soon as its summary ends and decodes the reply on the same cache;
    other rows stop there; a reply also stops once its text is surely past the cut staff see
    (`REPLY_CHARS`: `text.visible_characters`), the same draft in fewer steps.
 Numbers in a summary or reply are the chat's own (`pipeline/model/decoding/grounding.py`: a mask on
-each step's logits). Every row advances one position per step, so a row's sequence has no gaps and is exactly
-what it was trained on. The vocabulary projection runs only where a token is read: the
+each step's logits). A row advances one position per step until it is done, so its sequence has no
+gaps and is exactly what it was trained on. The vocabulary projection runs only where a token is read: the
 last prompt position and one position per decoding step; there, with an answer vocabulary in the
 adapter's manifest, on the rows of the tokens the model may write (`answer_vocabulary.py`)."""
 
@@ -50,18 +50,20 @@ from pipeline.model.decoding.buckets import (
 )
 from pipeline.model.decoding.answer_vocabulary import AnswerVocabulary
 from pipeline.model.decoding.calibration import LabelCalibration
+from pipeline.model.decoding.loop_rows import DONE, REPLY, REPLY_CUE, SUMMARY, LoopRows
 from pipeline.model.decoding.extractive import extractive_summary
 from pipeline.model.decoding.macros import choose, written
 from pipeline.model.decoding.offer import AGENT_ANSWERED, DRAFT_WITHHELD, SUMMARY_UNSURE
 from pipeline.model.decoding.programs import Programs
 from pipeline.model.decoding.state import detokenize, model_state, stateless_scope, token_ids
 from pipeline.model.decoding.step import (
-    decoding_layer_cache,
     empty_cache,
+    empty_decoding_cache,
     forward_cached,
     forward_one,
     project,
     right_aligned,
+    ring_layer_cache,
     shift_positions,
     stacked,
     step_weights,
@@ -87,8 +89,6 @@ from pipeline.model.types import WindowAnalysis, reply_policies, sentiment_of, w
 
 log = logging.getLogger(__name__)
 
-SUMMARY, REPLY_CUE, REPLY, DONE = 0, 1, 2, 3  # a row's phase while decoding
-
 LOOP_COMPILER_OPTIONS = {"xla_cpu_copy_insertion_use_region_analysis": True}
 """XLA (CPU) otherwise copies every layer's cache twice a step: it cannot tell that the decoding
 loop's read of the cache is done before the in-place write of the new key and value. With region
@@ -101,6 +101,20 @@ under one scan (`step.forward_cached`): 4 held 55.7 s, 1,488 MiB after the pass 
 8 held 34.3 s, 1,664 and 2,067; all 9 met 35.1 s, 1,696 and 2,119 (before the scan, 4 held took
 55-63 s at 1,626 and 2,245). A worker settles its prefill groups on the shapes it holds
 (`buckets.prefill_groups`, `Program.holds`) and runs one loop program per batch bucket (`decoding_width`)."""
+
+LOOP_CHATS = BATCH_BUCKETS[-1]
+"""Chats one decoding loop serves at most, joining as others finish (a call's next ones get a loop
+of their own): the loop's position grows by each chat's tokens, and a bound keeps it well inside
+Gemma 3's trained context (at most 64 x 339 steps past the 1,028 of the widest prompt)."""
+
+DECODING_ROWS = 8
+"""Chats a call decodes side by side (a batch bucket); more wait and join as rows finish. On this
+2-core Xeon (32 eval chats): see the README's speed section."""
+
+PREFILL_ROWS = 4
+"""Prompts one prefill takes at most while chats join a decoding loop: a prefill's working memory
+grows with its rows (8 of 384 tokens of Gemma 3 270M: 119 MiB beside the loop's cache), its time
+a token does not."""
 
 NO_MACRO = "no_macro"  # the flag of a chat whose language has no macro that fits: no draft
 FROM_LIBRARY = "reply_from_library"  # the flag of a draft that is a library macro
@@ -136,13 +150,14 @@ class OnePassDecoder:
                  summary_tokens: int = SUMMARY_TOKENS, reply_tokens: int = REPLY_TOKENS,
                  calibration: LabelCalibration = LabelCalibration(), step_dtype: str = "bfloat16",
                  ground_numbers: bool = True, prompt_format: int = 1, max_programs: int = ONE_PASS_PROGRAMS,
-                 answer_vocabulary: AnswerVocabulary | None = None):
+                 answer_vocabulary: AnswerVocabulary | None = None, decoding_rows: int = DECODING_ROWS):
         self.lm = causal_lm
         self.backbone = causal_lm.backbone
         tokenizer = causal_lm.preprocessor.tokenizer
         self.tokenizer = tokenizer
         self.vocabulary = Vocabulary.of(self._tokenize, tokenizer.start_token_id, tokenizer.end_token_id, prompt_format)
         self.max_prompt_tokens = max_prompt_tokens
+        self.decoding_rows = bucket(decoding_rows, BATCH_BUCKETS)
         self.summary_tokens = summary_tokens
         self.reply_tokens = reply_tokens
         self.calibration = calibration
@@ -177,10 +192,10 @@ class OnePassDecoder:
 
     @property
     def decoding_width(self) -> int:
-        """The positions before a decoding loop's first step that its cache has room for, whatever
-        the batch's prompts: the longest prompt's length bucket, its label and the summary cue. One
-        loop program per batch bucket, not one per length bucket too (each ~80 MiB held for Gemma 3
-        270M); a batch of shorter prompts leaves the slots past its own masked (positions unchanged)."""
+        """The positions a row's prompt may take in the decoding loop's cache, whatever the batch's
+        prompts: the longest prompt's length bucket, its label and the summary cue (a row's tokens
+        take `decoding_steps` more). One loop program per batch bucket, not one per length bucket
+        too (each ~80 MiB held for Gemma 3 270M)."""
         return bucket(self.max_prompt_tokens, LENGTH_BUCKETS) + 1 + len(self.vocabulary.summary_cue)
 
     def _tokenize(self, text: str) -> list[int]:
@@ -255,17 +270,19 @@ class OnePassDecoder:
             with self._scope(state):
                 return forward_cached(backbone, preamble_ids, cache, 0, jnp.ones(preamble_ids.shape, bool))[1]
 
-        @functools.partial(self.programs.jit, static_argnames=("label_only",))
-        def prefill(state, preamble, rest_ids, rest_mask, label_bias, offset, label_only):
-            """The label logits, the first summary token's logits and the head-major cache of one group:
-            its prompts' shared preamble as cached (`preamble_cache`, P positions, none where P is 0),
-            then each prompt's rest, right-padded (`rest_mask`). Each row is then moved to end where
-            the group's width does, as if left-padded, and its keys placed `offset` positions on, where
-            the batch's prompts end. `label_only`: the label logits alone."""
+        @functools.partial(self.programs.jit, static_argnames=("label_only",), donate_argnames=("cache",))
+        def prefill(state, preamble, rest_ids, rest_mask, label_bias, cache, rows, position, label_only):
+            """The label logits and the first summary token's logits of one group of prompts: its
+            prompts' shared preamble as cached (`preamble_cache`, P positions, none where P is 0), then
+            each prompt's rest, right-padded (`rest_mask`). Each row's keys and values, moved to end
+            where the group's width does (as if left-padded) and then at `position` (the loop's, where
+            the group joins it: keys rotated on), are written into row `rows[i]` of the decoding loop's
+            `cache` (donated, returned; a row past it, a padding row, writes nothing). `label_only`:
+            the label logits alone (no cache)."""
             batch, rest = rest_ids.shape
             start = preamble[0].shape[2]
             length = start + rest
-            cache = tuple(part.at[:, :, :start].set(known) for part, known in zip(
+            loop_cache, cache = cache, tuple(part.at[:, :, :start].set(known) for part, known in zip(
                 stacked(empty_cache(backbone, batch, length + 1 + cue.shape[0], self.lm.compute_dtype)), preamble))
             head_mask = jnp.ones((batch, 1 + cue.shape[0]), bool)
             mask = jnp.concatenate([jnp.ones((batch, start), bool), rest_mask, head_mask], axis=1)
@@ -297,7 +314,8 @@ class OnePassDecoder:
             logits, cache = jax.lax.cond(jnp.any(mask), feed_head,
                                          lambda cache: (jnp.zeros((batch, backbone.vocabulary_size), "float32"), cache),
                                          cache)
-            return label_logits, logits, to_head_major(unstacked(shift_positions(backbone, cache, offset)))
+            cache = to_head_major(unstacked(shift_positions(backbone, cache, position - cache[0].shape[2])))
+            return label_logits, logits, self._joined(loop_cache, rows, cache, position)
 
         ground = self.ground_numbers
         codes = jnp.asarray(self._token_codes) if ground else None
@@ -305,25 +323,30 @@ class OnePassDecoder:
 
         @functools.partial(self.programs.jit, static_argnames=("steps",), donate_argnames=("cache",),
                            compiler_options=LOOP_COMPILER_OPTIONS)
-        def decode(state, weights, cache, logits, key_mask, start, wants_reply, numbers, candidates, steps):
-            """Greedy summary then reply tokens, written from position `start` on (the cache and
-            `key_mask` may be wider: `decoding_width`), each token's phase and its log-probability under
-            the model (before the number mask: what the model itself believed), `steps` at most; with
-            `ground_numbers`, writing only the numbers in `numbers` (`grounding.number_table`). The
-            cache is donated and returned spent: the loop carries it in its own buffers, not a copy
-            (8 rows of 384 positions of Gemma 3 270M: 138 -> 62 MiB of working memory).
+        def decode(state, weights, cache, logits, carried, first, position, wants_reply, numbers, candidates, refill,
+                   steps):
+            """Greedy summary then reply tokens for each row (`loop_rows.LoopRows`), every row written
+            at `position` on (each reading its own positions, from `first[row]` on), each token's phase
+            and its log-probability under the model (before the number mask: what the model itself
+            believed), `steps` at most a row; with `ground_numbers`, writing only the numbers in
+            `numbers` (`grounding.number_table`). Runs until every row is done, or `refill` rows are
+            (chats waiting to join them). Returns the rows' state (`carried`), their next logits, the
+            cache and the position reached. The cache is donated and carried in its own buffers, not
+            a copy (8 rows of 384 positions of Gemma 3 270M: 138 -> 62 MiB of working memory).
             `candidates`: the token ids the rows may write, sorted, and which of them are real
-            (`answer_vocabulary.py`); the step projects on their rows of the vocabulary alone."""
-            batch = key_mask.shape[0]
+            (`answer_vocabulary.py`); the step projects on their rows of the vocabulary alone
+            (`logits` are theirs)."""
+            rows = jnp.arange(first.shape[0])
             ids, real = candidates
             if ids.shape[0] < weights["vocabulary"].shape[0]:  # else every token, in order: nothing to pick
                 weights = dict(weights, vocabulary=take_rows(weights["vocabulary"], ids))
-                logits = logits[:, ids]
             some_codes = codes[ids] if ground else None
             some_symbols = jnp.where(symbols >= 0, jnp.searchsorted(ids, symbols), -1) if ground else None
 
-            def step(carry):
-                i, cache, logits, phase, count, shown, cue_at, tokens, phases, believed, number = carry
+            def step(loop):
+                cache, logits, carried, position = loop
+                phase, count, shown, cue_at, written, number = (
+                    carried[name] for name in ("phase", "count", "shown", "cue_at", "written", "number"))
                 logits = jnp.where(real, logits, -jnp.inf)
                 log_probabilities = jax.nn.log_softmax(logits, axis=-1)
                 may_stop = True
@@ -335,10 +358,9 @@ class OnePassDecoder:
                     [phase == REPLY_CUE, (phase == SUMMARY) & (count >= max_summary) & may_stop,
                      (phase == REPLY) & ((count >= max_reply) & may_stop | (shown >= reply_past_cut))],
                     [reply_cue[jnp.minimum(cue_at, reply_cue.shape[0] - 1)], v.summary_end, v.eos], greedy)
-                tokens = tokens.at[:, i].set(token)
-                phases = phases.at[:, i].set(phase)
-                at = jnp.searchsorted(ids, token)[:, None]  # the token's column: its id where every token is one
-                believed = believed.at[:, i].set(jnp.take_along_axis(log_probabilities, at, axis=1)[:, 0])
+                at = jnp.where(phase != DONE, written, steps)  # a row that is done writes nothing
+                at_column = jnp.searchsorted(ids, token)[:, None]  # the token's column: its id where every token is one
+                believed = jnp.take_along_axis(log_probabilities, at_column, axis=1)[:, 0]
                 if ground:
                     number = number.advance(token, numbers, codes)
                 after_summary = jnp.where(wants_reply & (token == v.summary_end), REPLY_CUE, DONE)
@@ -347,23 +369,26 @@ class OnePassDecoder:
                     [jnp.where(jnp.isin(token, summary_stops), after_summary, SUMMARY),
                      jnp.where(cue_at + 1 >= reply_cue.shape[0], REPLY, REPLY_CUE),
                      jnp.where(jnp.isin(token, reply_stops), DONE, REPLY)], DONE)
-                count = jnp.where(next_phase != phase, 0, count + 1)
-                shown = jnp.where(next_phase != phase, 0, shown + visible[token])  # the text's characters
-                cue_at = jnp.where(phase == REPLY_CUE, cue_at + 1, 0)
+                next_phase = jnp.where(written + 1 >= steps, DONE, next_phase)  # a row's bound
                 with self._scope(state):
-                    logits, cache = forward_one(backbone, weights, token[:, None], cache, start + i, key_mask)
-                return i + 1, cache, logits, next_phase, count, shown, cue_at, tokens, phases, believed, number
+                    logits, cache = forward_one(backbone, weights, token[:, None], cache, position, first)
+                carried = dict(
+                    carried, phase=next_phase, number=number,
+                    count=jnp.where(next_phase != phase, 0, count + 1),
+                    shown=jnp.where(next_phase != phase, 0, shown + visible[token]),  # the text's characters
+                    cue_at=jnp.where(phase == REPLY_CUE, cue_at + 1, 0),
+                    written=written + (phase != DONE),
+                    tokens=carried["tokens"].at[rows, at].set(token, mode="drop"),
+                    phases=carried["phases"].at[rows, at].set(phase, mode="drop"),
+                    believed=carried["believed"].at[rows, at].set(believed, mode="drop"))
+                return cache, logits, carried, position + 1
 
-            def running(carry):
-                i, *_, phase, _count, _shown, _cue_at, _tokens, _phases, _believed, _number = carry
-                return (i < steps) & ~jnp.all(phase == DONE)
+            def running(loop):
+                done = loop[2]["phase"] == DONE
+                return ~jnp.all(done) & (jnp.sum(done) < refill)
 
-            zeros = jnp.zeros((batch,), "int32")
-            carry = (0, cache, logits, zeros + SUMMARY, zeros, zeros, zeros, jnp.zeros((batch, steps), "int32"),
-                     jnp.full((batch, steps), DONE, "int32"), jnp.zeros((batch, steps), "float32"),
-                     grounding.NumberState.start(numbers) if ground else ())
-            _, cache, *_, tokens, phases, believed, _ = jax.lax.while_loop(running, step, carry)
-            return tokens, phases, believed, cache
+            cache, logits, carried, position = jax.lax.while_loop(running, step, (cache, logits, carried, position))
+            return carried, logits, cache, position
 
         return preamble_cache, prefill, decode
 
@@ -374,89 +399,141 @@ class OnePassDecoder:
         label (no summary, no reply): what classifying and fitting a calibration need."""
         wants = reply_policies(reply_for if reply_for is not None else "none", len(windows))
         prompts, cut = zip(*(self.vocabulary.prompt(w, self.max_prompt_tokens) for w in windows)) if windows else ((), ())
-        outputs: list[ChatOutput] = []
+        outputs: list[dict] = []
         with self._lock:
-            # One decoding loop per call (up to the largest batch bucket), however different the lengths:
-            # the decoding steps are most of the cost, and every loop runs them again.
-            for start in range(0, len(windows), BATCH_BUCKETS[-1]):
-                rows = slice(start, start + BATCH_BUCKETS[-1])
-                outputs += [ChatOutput(truncated=c, **out)
-                            for c, out in zip(cut[rows], self._run_batch(prompts[rows], wants[rows], label_only))]
-                release_freed_memory()  # the batch's working memory, not kept until the next one
-        return outputs
+            for start in range(0, len(windows), LOOP_CHATS):
+                rows = slice(start, start + LOOP_CHATS)
+                outputs += self._run_batch(prompts[rows], wants[rows], label_only)
+                release_freed_memory()  # the loop's working memory, not kept until the next one
+        return [ChatOutput(truncated=c, **out) for c, out in zip(cut, outputs)]
 
     def _run_batch(self, prompts: Sequence[list[int]], wants: Sequence[str], label_only: bool = False) -> list[dict]:
-        """Prefill in groups of similar lengths (`prefill_groups`), each placed to end where the
-        longest prompt ends, then decode all rows in one loop."""
-        length = bucket(max(map(len, prompts)), LENGTH_BUCKETS)
-        bias = np.asarray(self.calibration.bias, "float32")
+        """Every chat through `decoding_rows` rows side by side (`loop_rows.py`): the shortest
+        prompts join first, the rest as rows finish (prompts of similar lengths join together, fewer
+        padded tokens), each group prefilled into its rows (`_join`); the loop runs until its rows
+        are done or half of them are free while chats wait."""
+        if label_only:
+            return self._labels(prompts)
         state = self._state()
-        order, label_logits, first_logits, caches = [], [], [], []
+        steps, width = self.decoding_steps, self.decoding_width + self.decoding_steps  # a row's positions at most
+        size = min(bucket(len(prompts), BATCH_BUCKETS), self.decoding_rows)
+        texts = [self._decode(prompt) for prompt in prompts]
+        candidates = self._candidates(prompts, texts)
+        numbers = grounding.number_table(texts) if self.ground_numbers else None
+        waiting = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+        # the first chats' prompts end where the longest's does (its length bucket, label and summary cue)
+        start = bucket(len(prompts[waiting[:size][-1]]), LENGTH_BUCKETS) + 1 + len(self.vocabulary.summary_cue)
+        rows = LoopRows.empty(size, steps, self.ground_numbers, position=start)
+        cache = empty_decoding_cache(self.backbone, size, width, self.lm.compute_dtype)
+        logits = jnp.zeros((size, candidates[0].shape[0]), "float32")
+        results: list[dict] = [{} for _ in prompts]
+        weights = self._weights(state)
+        self._note(f"one-pass decode batch={size} width={self.decoding_width} steps={steps}")
+        while True:
+            free = rows.free()
+            joining, waiting = waiting[: len(free)], waiting[len(free):]
+            if joining:
+                cache, logits = self._join(state, [prompts[i] for i in joining], joining, free, rows, cache, logits,
+                                           candidates[0], wants, numbers, results)
+            if not rows.busy():
+                return results
+            refill = min(len(waiting), max(1, size // 2)) if waiting else size + 1
+            carried, logits, cache, position = self._decode_loop(
+                state, weights, cache, logits, rows.carried, rows.first, np.int32(rows.position), rows.wants_reply,
+                rows.numbers, candidates, np.int32(refill), steps=steps)
+            rows.carried, rows.position = jax.tree.map(np.asarray, carried), int(position)
+            for row, chat in rows.finished():
+                results[chat].update(self._outputs(*rows.written(row)))
+
+    def _join(self, state, prompts, chats, free, rows: LoopRows, cache, logits, candidate_ids, wants, numbers,
+              results) -> tuple:
+        """Chats `chats` (their `prompts`) join the loop in rows `free`: prefilled in groups of
+        similar lengths (`prefill_groups`) into those rows of the loop's cache, their label
+        probabilities in `results`, their first logits in `logits`. Returns the cache and logits."""
+        bias = np.asarray(self.calibration.bias, "float32")
         shared = self._preamble_for(state, prompts)
 
         def held(batch: int, width: int) -> bool:  # is a prefill of this shape compiled (the batch's preamble)?
             preamble, start = shared
             rest = jax.ShapeDtypeStruct((batch, width - start), "int32")
-            return self._prefill.holds(state, preamble, rest, jax.ShapeDtypeStruct(rest.shape, bool), bias,
-                                       length - width, label_only=label_only)
+            return self._prefill.holds(state, preamble, rest, jax.ShapeDtypeStruct(rest.shape, bool), bias, cache,
+                                       jax.ShapeDtypeStruct((batch,), "int32"), np.int32(0), label_only=False)
+
+        places = iter(free)
+        for group in prefill_groups([len(p) for p in prompts], self.prefill_overhead, held, self.reload_cost,
+                                    max_batch=PREFILL_ROWS):
+            group_prompts = [prompts[i] for i in group]
+            preamble, start = self._preamble_for(state, group_prompts)
+            width = bucket(max(map(len, group_prompts)), LENGTH_BUCKETS)  # the group's prompts end here
+            ids, mask = padded_rows([row[start:] for row in group_prompts], length=width - start)
+            targets = np.full(ids.shape[0], rows.chat.shape[0], "int32")  # padding rows: past the cache
+            targets[: len(group)] = [next(places) for _ in group]
+            self._note(f"one-pass prefill batch={ids.shape[0]} length={width}{' whole' if not start else ''}")
+            label_logits, first, cache = self._prefill(state, preamble, ids, mask, bias, cache, targets,
+                                                       np.int32(rows.position), label_only=False)
+            label_logits = np.asarray(label_logits)[: len(group)]
+            first = first[: len(group)]
+            if candidate_ids.shape[0] < first.shape[1]:
+                first = first[:, candidate_ids]
+            logits = logits.at[targets[: len(group)]].set(first)
+            negative = np.argmax(label_logits + bias, axis=-1) == 0  # the label fed in the prefill
+            for i, row, raw, probabilities, is_negative in zip(
+                    group, targets, label_logits, self.calibration.probabilities(label_logits), negative):
+                chat = chats[i]
+                results[chat] = self._label_result(probabilities, raw)
+                head = 1 + len(self.vocabulary.summary_cue)  # its label and the summary cue
+                rows.join(row, chat, rows.position - head - len(prompts[i]),
+                          wants[chat] == "all" or (wants[chat] == "negative" and bool(is_negative)),
+                          None if numbers is None else numbers[chat])
+        release_freed_memory()  # the prefills' working memory
+        return cache, logits
+
+    def _labels(self, prompts: Sequence[list[int]]) -> list[dict]:
+        """Label probabilities alone, prefilled in groups of similar lengths (`prefill_groups`)."""
+        bias = np.asarray(self.calibration.bias, "float32")
+        state = self._state()
+        results: list[dict] = [{} for _ in prompts]
+        shared = self._preamble_for(state, prompts)
+
+        def held(batch: int, width: int) -> bool:
+            preamble, start = shared
+            rest = jax.ShapeDtypeStruct((batch, width - start), "int32")
+            return self._prefill.holds(state, preamble, rest, jax.ShapeDtypeStruct(rest.shape, bool), bias, None,
+                                       None, None, label_only=True)
 
         for group in prefill_groups([len(p) for p in prompts], self.prefill_overhead, held, self.reload_cost):
             rows = [prompts[i] for i in group]
             preamble, start = self._preamble_for(state, rows)
-            width = bucket(max(map(len, rows)), LENGTH_BUCKETS)  # the group's prompts end here
+            width = bucket(max(map(len, rows)), LENGTH_BUCKETS)
             ids, mask = padded_rows([row[start:] for row in rows], length=width - start)
-            self._note(f"one-pass prefill batch={ids.shape[0]} length={width}{' label' if label_only else ''}"
-                       f"{' whole' if not start else ''}")
-            group_labels, group_first, group_cache = self._prefill(state, preamble, ids, mask, bias, length - width,
-                                                                   label_only=label_only)
-            order += group
-            label_logits.append(np.asarray(group_labels)[: len(group)])
-            if not label_only:
-                first_logits.append(group_first[: len(group)])
-                caches.append(tuple((k[: len(group)], v[: len(group)]) for k, v in group_cache))
-        label_logits = np.concatenate(label_logits)[np.argsort(order)]
-        probabilities = self.calibration.probabilities(label_logits)
-        results = [{"probabilities": tuple(float(x) for x in p), "label_logits": tuple(float(x) for x in raw),
-                    "summary": "", "reply": None, "summary_tokens": 0, "reply_tokens": 0}
-                   for p, raw in zip(probabilities, label_logits)]
-        if label_only:
-            return results
-
-        steps = self.decoding_steps
-        batch = bucket(len(prompts), BATCH_BUCKETS)
-        rows = order + [order[0]] * (batch - len(order))  # the decoding batch's rows, padded with a repeat
-        width = length + 1 + len(self.vocabulary.summary_cue)  # the prompts, the label, the summary cue
-        loop_width = max(self.decoding_width, width)  # the loop's cache before its first step (`decoding_width`)
-        del group_cache
-        release_freed_memory()  # the prefills' working memory, before the batch's cache is made
-        cache = self._decoding_cache(caches, batch, width, loop_width - width + steps)
-        first = jnp.concatenate(first_logits + [first_logits[0][:1]] * (batch - len(order)))
-        key_mask = padded_rows([prompts[i] for i in rows], extra=loop_width + steps - length, left=True)[1]
-        negative = np.argmax(label_logits + bias, axis=-1) == 0  # the label fed in the prefill
-        wants_reply = np.array([wants[i] == "all" or (wants[i] == "negative" and negative[i]) for i in rows])
-        wants_reply[len(order):] = False
-        texts = [self._decode(prompts[i]) for i in rows]
-        numbers = grounding.number_table(texts) if self.ground_numbers else None
-        self._note(f"one-pass decode batch={batch} width={loop_width} steps={steps}")
-        candidates = self._candidates([prompts[i] for i in rows], texts)
-        *outputs, _spent_cache = self._decode_loop(state, self._weights(state), cache, first, key_mask, np.int32(width),
-                                                   wants_reply, numbers, candidates, steps=steps)
-        tokens, phases, believed = map(np.asarray, outputs)
-        for row, i in enumerate(order):
-            summary = [t for t, p in zip(tokens[row], phases[row]) if p == SUMMARY]
-            reply = [t for t, p in zip(tokens[row], phases[row]) if p == REPLY]
-            has_reply = any(p == REPLY_CUE for p in phases[row])
-            results[i].update(
-                summary=self._finish(summary, "summary"),
-                reply=self._finish(reply, "reply") if has_reply else None,
-                summary_tokens=len(self._content(summary)), reply_tokens=len(self._content(reply)),
-                summary_confidence=self._confidence(tokens[row], phases[row], believed[row], SUMMARY),
-                reply_confidence=self._confidence(tokens[row], phases[row], believed[row], REPLY) if has_reply else None)
+            self._note(f"one-pass prefill batch={ids.shape[0]} length={width} label{' whole' if not start else ''}")
+            label_logits = np.asarray(self._prefill(state, preamble, ids, mask, bias, None, None, None,
+                                                    label_only=True)[0])
+            for i, raw, probabilities in zip(group, label_logits, self.calibration.probabilities(label_logits)):
+                results[i] = self._label_result(probabilities, raw)
         return results
 
+    @staticmethod
+    def _label_result(probabilities, label_logits) -> dict:
+        return {"probabilities": tuple(float(x) for x in probabilities),
+                "label_logits": tuple(float(x) for x in label_logits),
+                "summary": "", "reply": None, "summary_tokens": 0, "reply_tokens": 0}
+
+    def _outputs(self, tokens, phases, believed) -> dict:
+        """A finished row's summary and reply (None where it was not cued), their token counts and
+        confidences."""
+        summary = [t for t, p in zip(tokens, phases) if p == SUMMARY]
+        reply = [t for t, p in zip(tokens, phases) if p == REPLY]
+        has_reply = any(p == REPLY_CUE for p in phases)
+        return {"summary": self._finish(summary, "summary"),
+                "reply": self._finish(reply, "reply") if has_reply else None,
+                "summary_tokens": len(self._content(summary)), "reply_tokens": len(self._content(reply)),
+                "summary_confidence": self._confidence(tokens, phases, believed, SUMMARY),
+                "reply_confidence": self._confidence(tokens, phases, believed, REPLY) if has_reply else None}
+
     def _candidates(self, prompts: Sequence[Sequence[int]], texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
-        """The token ids this batch may write, sorted, and which of them are real
-        (`answer_vocabulary.py`): every token without an answer vocabulary, or where the batch's
+        """The token ids this call's chats may write, sorted, and which of them are real
+        (`answer_vocabulary.py`): every token without an answer vocabulary, or where the call's
         would not fit its sizes."""
         if self.answer_vocabulary is not None:
             found = self.answer_vocabulary.candidates(self._tokenize, prompts, texts, self._always,
@@ -471,28 +548,16 @@ class OnePassDecoder:
         stops = (self.vocabulary.summary_end, self.vocabulary.eos)
         return token_confidence([b for t, p, b in zip(tokens, phases, believed) if p == phase and t not in stops])
 
-    def _decoding_cache(self, groups: list, batch: int, width: int, room: int):
-        """The decoding loop's cache (`step.decoding_layer_cache`, `room` slots past the prompts)
-        from the prefill groups' caches, one layer at a time, each group's layer let go once copied
-        (`groups` is emptied): the working memory of a layer, not of two more whole caches."""
-        held = [list(group) for group in groups]  # each group's layers, until copied
-        groups.clear()
-        cache = []
-        for number, layer in enumerate(self.backbone.transformer_layers):
-            parts = [group[number] for group in held]
-            for group in held:
-                group[number] = None
-            k, v = (self._stack([part[kv] for part in parts], batch, width) for kv in (0, 1))
-            del parts
-            cache.append(decoding_layer_cache(layer, k, v, room))
-        return tuple(cache)
-
-    @staticmethod
-    def _stack(parts, batch: int, width: int):
-        """One layer's cache (batch, K, width, H) from the groups' (rows, K, time, H): their rows one
-        after another (the first repeated to fill the batch), each group's positions ending at `width`."""
-        parts = [jnp.pad(p, ((0, 0), (0, 0), (width - p.shape[2], 0), (0, 0))) for p in parts]
-        return jnp.concatenate(parts + [parts[0][:1]] * (batch - sum(p.shape[0] for p in parts)))
+    def _joined(self, cache, rows, group, position):
+        """The decoding loop's cache with a prefilled group's head-major caches (`group`, its rows'
+        positions up to `position`) written into its rows `rows` as the loop's rings lay them out
+        (`step.ring_layer_cache`; a row past the cache writes nothing); inside the prefill's program."""
+        joined = []
+        for layer, (k, v), (group_k, group_v) in zip(self.backbone.transformer_layers, cache, group):
+            group_k, group_v = ring_layer_cache(layer, group_k, group_v, self.decoding_width + self.decoding_steps,
+                                                position)
+            joined.append((k.at[rows].set(group_k, mode="drop"), v.at[rows].set(group_v, mode="drop")))
+        return tuple(joined)
 
     def _note(self, key: str) -> None:
         if key not in self.compiles:

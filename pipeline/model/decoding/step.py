@@ -174,9 +174,9 @@ def project(x, vocabulary):
     return product("...d,vd->...v", x, vocabulary)
 
 
-def attend(attention, weights, x, cache, index, key_mask):
-    """`CachedGemma3Attention` for one token per row at position `index` (`key_mask`: which of the
-    sequence's positions are padding, however the cache holds them); returns the new cache."""
+def attend(attention, weights, x, cache, index, first):
+    """`CachedGemma3Attention` for one token per row at position `index` (each row's positions before
+    `first[row]` are padding or another chat's, however the cache holds them); returns the new cache."""
     k_cache, v_cache = cache
     batch = x.shape[0]
     heads, groups, dim = attention.num_query_heads, attention.num_key_value_heads, attention.head_dim
@@ -184,13 +184,13 @@ def attend(attention, weights, x, cache, index, key_mask):
     key, value = product("btd,kdh->btkh", x, weights["key"]), product("btd,kdh->btkh", x, weights["value"])
     if attention.use_query_key_norm:
         query, key = attention.query_norm(query), attention.key_norm(key)
-    query, key = compat.apply_rope(attention, query, index), compat.apply_rope(attention, key, index)
+    query, key = (attention.rope_layer(part, start_index=index) for part in (query, key))
     key = jnp.swapaxes(key, 1, 2).astype(k_cache.dtype)  # (B, K, 1, H)
     value = jnp.swapaxes(value, 1, 2).astype(v_cache.dtype)
     scale = 1 / np.sqrt(attention.head_dim if attention.query_head_dim_normalize
                         else attention.hidden_dim // attention.num_query_heads)
     query = (query * scale).reshape(batch, groups, heads // groups, dim)
-    position, slot = slot_positions(attention, k_cache.shape[2], index)
+    position, slot = slot_positions(k_cache.shape[2], index)
     # Both attention products read the cache in its own dtype and add up in float32: a query in
     # another dtype (or an output left in bfloat16) had XLA convert the whole cache on every step,
     # 18 layers' attention 76 -> 22 ms a step for 8 rows (a model served in bfloat16, this CPU).
@@ -200,10 +200,11 @@ def attend(attention, weights, x, cache, index, key_mask):
     if attention.logit_soft_cap is not None:
         logits = jnp.tanh(logits / attention.logit_soft_cap) * attention.logit_soft_cap
     # the cache before this step; the new token is appended
-    allowed = jnp.take(key_mask, jnp.clip(position, 0), axis=1) & (position >= 0) & (position < index)
+    allowed = (position[None, :] >= jnp.reshape(first, (-1, 1))) & (position < index)[None, :]
     if attention.use_sliding_window_attention:
-        allowed &= index - position < attention.sliding_window_size
-    allowed = jnp.concatenate([allowed, jnp.ones((batch, 1), bool)], axis=-1)
+        allowed &= (index - position < attention.sliding_window_size)[None, :]
+    allowed = jnp.concatenate([jnp.broadcast_to(allowed, (batch, k_cache.shape[2])), jnp.ones((batch, 1), bool)],
+                              axis=-1)
     shares = jax.nn.softmax(jnp.where(allowed[:, None, None, :], logits.astype("float32"), -1e9), axis=-1)
     shares = shares.astype(v_cache.dtype)
     out = (jnp.einsum("bkgt,bkth->bkgh", shares[..., :-1], v_cache, preferred_element_type=jnp.float32)
@@ -214,40 +215,54 @@ def attend(attention, weights, x, cache, index, key_mask):
     return out, (k_cache, v_cache)
 
 
-def slot_positions(attention, width, index):
-    """The position each of a layer's `width` cache slots holds when the step at `index` reads it,
-    and the slot that step writes. A plain cache: slot = position. A ring (a sliding-window layer's
-    cache exactly its window wide, `decoding_cache`): position p at slot p % window, the latest such
-    p before `index` (negative: never written). A plain cache of the window's width reads the same
-    either way."""
+def slot_positions(width, index):
+    """The position each of a cache's `width` slots holds when the step at `index` reads it (negative:
+    never written), and the slot that step writes. Every decoding cache is a ring: position p at
+    slot p % width, the latest such p before `index`. Below `width` that is slot = position (a
+    plain cache); a sliding-window layer's ring is its window (`decoding_slots`), so a step
+    reads only the window; the others' as wide as a row's prompt and tokens, so a loop's rows may
+    go on past it (`one_pass`: chats join as others finish)."""
     slots = jnp.arange(width)
-    if not (attention.use_sliding_window_attention and width == attention.sliding_window_size):
-        return slots, index
     return index - 1 - jnp.mod(index - 1 - slots, width), jnp.mod(index, width)
 
 
 def decoding_cache(backbone, cache, steps):
     """The head-major cache a decoding loop writes `steps` more tokens into, from the one of the
-    positions so far (`decoding_layer_cache`, layer by layer)."""
-    return tuple(decoding_layer_cache(layer, k, v, steps) for layer, (k, v) in zip(backbone.transformer_layers, cache))
+    positions so far (`ring_layer_cache`, layer by layer)."""
+    return tuple(ring_layer_cache(layer, k, v, k.shape[2] + steps, k.shape[2])
+                 for layer, (k, v) in zip(backbone.transformer_layers, cache))
 
 
-def decoding_layer_cache(layer, k, v, steps):
-    """One layer's head-major cache for `steps` more tokens: room for them on a layer that attends to
-    everything; a ring of its window (`slot_positions`) on a sliding-window layer that would outgrow
-    its window, so that each step reads only the window (a slice per step would be a copy per step),
-    not the whole cache."""
-    attention, filled = layer.attention, k.shape[2]
-    if attention.use_sliding_window_attention and filled + steps > attention.sliding_window_size:
-        slots = jnp.clip(slot_positions(attention, attention.sliding_window_size, filled)[0], 0)
-        return jnp.take(k, slots, axis=2), jnp.take(v, slots, axis=2)
-    room = ((0, 0), (0, 0), (0, steps), (0, 0))
-    return jnp.pad(k, room), jnp.pad(v, room)
+def decoding_slots(layer, width: int) -> int:
+    """The slots of a layer's decoding cache for `width` positions (`slot_positions`): a
+    sliding-window layer that would outgrow its window keeps a ring of it."""
+    attention = layer.attention
+    if attention.use_sliding_window_attention and width > attention.sliding_window_size:
+        return attention.sliding_window_size
+    return width
 
 
-def decoder_block(layer, weights, x, cache, index, key_mask):
+def empty_decoding_cache(backbone, batch: int, width: int, dtype):
+    """A decoding loop's head-major cache for `width` positions a row, all zeros (`decoding_slots`):
+    what prefilled rows are written into (`one_pass`)."""
+    return tuple((jnp.zeros(shape, dtype), jnp.zeros(shape, dtype)) for shape in (
+        (batch, backbone.num_key_value_heads, decoding_slots(layer, width), backbone.head_dim)
+        for layer in backbone.transformer_layers))
+
+
+def ring_layer_cache(layer, k, v, width, end):
+    """One layer's head-major cache (B, K, T, H) of positions end - T .. end - 1, laid out as the ring
+    a decoding loop for `width` positions a row reads at position `end` (`decoding_slots`,
+    `slot_positions`): a sliding-window layer's ring holds the last of them that its window sees.
+    Slots of positions before them hold copies of the first, which the loop masks."""
+    positions, _ = slot_positions(decoding_slots(layer, width), end)
+    taken = jnp.clip(positions - (end - k.shape[2]), 0, k.shape[2] - 1)
+    return jnp.take(k, taken, axis=2), jnp.take(v, taken, axis=2)
+
+
+def decoder_block(layer, weights, x, cache, index, first):
     """`Gemma3DecoderBlock` (text only) for one token per row."""
-    attended, cache = attend(layer.attention, weights, layer.pre_attention_norm(x), cache, index, key_mask)
+    attended, cache = attend(layer.attention, weights, layer.pre_attention_norm(x), cache, index, first)
     if layer.use_post_attention_norm:
         attended = layer.post_attention_norm(attended)
     x = x + attended
@@ -262,13 +277,14 @@ def decoder_block(layer, weights, x, cache, index, key_mask):
 def shift_positions(backbone, cache, offset):
     """A stacked cache (`stacked`) with every key rotated `offset` positions on (one for all rows,
     or one per row): the cache a prefill at `cache_update_index=offset` would have written (rotary
-    angles add), so a group of short prompts can join a batch whose prompts end later. Values
-    carry no position."""
+    angles add), so a group of prompts can join a decoding loop at its position. Values carry no
+    position."""
     return each_layer(backbone, cache, lambda layer, key, value: (rotated(layer, key, offset), value))
 
 
 def rotated(layer, key, offset):
-    """One layer's keys (B, T, K, H) rotated `offset` positions on by its own rotary embedding."""
+    """One layer's keys (B, T, K, H) rotated `offset` positions on (one for all rows, or one per
+    row) by its own rotary embedding: rotary angles add."""
     rope = layer.attention.rope_layer
     if getattr(rope, "rope_type", "linear") != "linear":  # YaRN also scales magnitudes: no simple shift
         raise ValueError(f"cannot shift keys under {rope.rope_type} rotary embeddings")
@@ -359,14 +375,14 @@ def layer_kinds(layers):
     return templates, kinds
 
 
-def forward_one(backbone, weights, token_ids, cache, index, key_mask):
+def forward_one(backbone, weights, token_ids, cache, index, first):
     """Next-token logits (B, V), float32, of one token per row written at `index` of a head-major
-    cache (`to_head_major`, or the `decoding_cache` made from one), through `step_weights`; and the
-    new cache."""
+    cache (`to_head_major`, or the `decoding_cache` made from one), through `step_weights`, each row
+    reading its positions from `first[row]` on (one for all rows, or one each); and the new cache."""
     x = embed(backbone, token_ids)
     caches = []
     for layer, layer_weights, layer_cache in zip(backbone.transformer_layers, weights["layers"], cache):
-        x, layer_cache = decoder_block(layer, layer_weights, x, layer_cache, index, key_mask)
+        x, layer_cache = decoder_block(layer, layer_weights, x, layer_cache, index, first)
         caches.append(layer_cache)
     logits = project(backbone.layer_norm(x)[:, 0, :], weights["vocabulary"])
     return vocabulary_logits(backbone.token_embedding, logits), tuple(caches)

@@ -25,13 +25,13 @@ def written_tokens(decoder, windows) -> tuple[list, list[set[int]]]:
     tokens its rows wrote (summaries and replies) and the candidates it was given."""
     calls, loop = [], decoder._decode_loop
 
-    def recording(state, weights, cache, logits, key_mask, start, wants_reply, numbers, candidates, **static):
-        tokens, phases, *rest = loop(state, weights, cache, logits, key_mask, start, wants_reply, numbers, candidates,
-                                     **static)
+    def recording(state, weights, cache, logits, carried, *inputs, **static):
+        candidates = inputs[-2]  # (first, position, wants_reply, numbers, candidates, refill)
+        carried, *rest = loop(state, weights, cache, logits, carried, *inputs, **static)
         ids, real = candidates
-        wrote = np.asarray(tokens)[np.isin(np.asarray(phases), (SUMMARY, REPLY))]
+        wrote = np.asarray(carried["tokens"])[np.isin(np.asarray(carried["phases"]), (SUMMARY, REPLY))]
         calls.append((set(wrote.tolist()), set(np.asarray(ids)[np.asarray(real)].tolist())))
-        return (tokens, phases, *rest)
+        return (carried, *rest)
 
     recording.holds = loop.holds
     decoder._decode_loop = recording

@@ -60,7 +60,7 @@ def test_a_decoding_step_equals_keras_hubs_cached_layers(backbone, index):
 
     expected, expected_cache = prefilled(backbone, tokens, cache, index, key_mask)  # keras-hub's layers
     logits, new_cache = forward_one(backbone, step_weights(backbone, "float32"), tokens, to_head_major(cache), index,
-                                    key_mask)
+                                    first=jnp.arange(batch))  # the same left padding
 
     expected_logits = backbone.token_embedding(expected, reverse=True)[:, 0, :]
     np.testing.assert_allclose(np.asarray(logits), np.asarray(expected_logits), rtol=1e-4, atol=1e-4)
@@ -85,7 +85,7 @@ def test_decoding_on_a_ring_of_the_window_equals_keras_hubs_cached_layers(backbo
     for index in range(filled, length):
         tokens = jnp.asarray(rng.integers(0, 64, (batch, 1)), "int32")
         expected, cache = prefilled(backbone, tokens, cache, index, key_mask)
-        logits, ring = forward_one(backbone, weights, tokens, ring, index, key_mask)
+        logits, ring = forward_one(backbone, weights, tokens, ring, index, first=jnp.arange(batch))
         expected_logits = backbone.token_embedding(expected, reverse=True)[:, 0, :]
         np.testing.assert_allclose(np.asarray(logits), np.asarray(expected_logits), rtol=1e-4, atol=1e-4)
 
@@ -96,12 +96,11 @@ def test_the_sliding_window_is_applied(backbone):
     shape = (1, 12, backbone.num_key_value_heads, backbone.head_dim)
     cache = [(jnp.asarray(rng.normal(size=shape), "float32"), jnp.asarray(rng.normal(size=shape), "float32"))
              for _ in range(backbone.num_layers)]
-    key_mask = jnp.ones((1, 12), bool)
     token = jnp.asarray([[5]], "int32")
     weights = step_weights(backbone, "float32")
-    before, _ = forward_one(backbone, weights, token, to_head_major(tuple(cache)), 9, key_mask)
+    before, _ = forward_one(backbone, weights, token, to_head_major(tuple(cache)), 9, first=0)
     changed = [(k.at[0, 0].set(100.0), v.at[0, 0].set(100.0)) for k, v in cache]  # position 0: 9 back, > 4
-    after, _ = forward_one(backbone, weights, token, to_head_major(tuple(changed)), 9, key_mask)
+    after, _ = forward_one(backbone, weights, token, to_head_major(tuple(changed)), 9, first=0)
     np.testing.assert_allclose(np.asarray(after), np.asarray(before), atol=1e-6)
 
 
@@ -110,10 +109,9 @@ def test_bfloat16_step_weights_keep_the_step_close_to_float32(backbone):
     weights, not a different model."""
     rng = np.random.default_rng(2)
     cache = to_head_major(random_cache(backbone, rng, 3, 12))
-    key_mask = jnp.ones((3, 12), bool)
     tokens = jnp.asarray(rng.integers(0, 64, (3, 1)), "int32")
-    exact, exact_cache = forward_one(backbone, step_weights(backbone, "float32"), tokens, cache, 9, key_mask)
-    rounded, rounded_cache = forward_one(backbone, step_weights(backbone), tokens, cache, 9, key_mask)
+    exact, exact_cache = forward_one(backbone, step_weights(backbone, "float32"), tokens, cache, 9, first=0)
+    rounded, rounded_cache = forward_one(backbone, step_weights(backbone), tokens, cache, 9, first=0)
     assert step_weights(backbone)["vocabulary"].dtype == jnp.bfloat16 and rounded.dtype == jnp.float32
     spread = float(jnp.std(exact))
     np.testing.assert_allclose(np.asarray(rounded), np.asarray(exact), atol=0.02 * spread)
@@ -133,14 +131,13 @@ def test_a_bfloat16_cache_is_read_as_it_is_and_the_step_stays_close(backbone):
     batch, length = 3, 12
     cache = to_head_major(random_cache(backbone, rng, batch, length))
     halved = tuple((k.astype("bfloat16"), v.astype("bfloat16")) for k, v in cache)
-    key_mask = jnp.ones((batch, length), bool)
     tokens = jnp.asarray(rng.integers(0, 64, (batch, 1)), "int32")
     weights = step_weights(backbone)
-    program = jax.jit(lambda c: forward_one(backbone, weights, tokens, c, 9, key_mask)).lower(halved).as_text()
+    program = jax.jit(lambda c: forward_one(backbone, weights, tokens, c, 9, 0)).lower(halved).as_text()
     shape = "x".join(map(str, halved[0][0].shape))
     assert f"tensor<{shape}xbf16>) -> tensor<{shape}xf32>" not in program  # no conversion of a cache
-    exact, _ = forward_one(backbone, weights, tokens, cache, 9, key_mask)
-    read, _ = forward_one(backbone, weights, tokens, halved, 9, key_mask)
+    exact, _ = forward_one(backbone, weights, tokens, cache, 9, 0)
+    read, _ = forward_one(backbone, weights, tokens, halved, 9, 0)
     np.testing.assert_allclose(np.asarray(read), np.asarray(exact), atol=0.1 * float(jnp.std(exact)))
 
 
@@ -311,13 +308,13 @@ def test_the_prefills_scan_over_layers_equals_keras_hubs_layers_one_after_anothe
 
 def test_a_prefill_writes_its_stacked_cache_in_place():
     """The prefill's scan carries the cache stacked on a first axis of layers and writes each layer's
-    slice back in place, and moving rows and rotating keys (`right_aligned`, `shift_positions`) go
+    slice back in place, and moving rows and rotating their keys (`right_aligned`) go
     a layer at a time: the working memory is a layer's, not the cache's. Given per-layer caches, the
     scan stacked them and unstacked them after (8 chats of 384 tokens of Gemma 3 270M: 226 MiB of
     working memory, 52 of them the cache's own size)."""
     import jax
 
-    from pipeline.model.decoding.step import empty_cache, right_aligned, shift_positions
+    from pipeline.model.decoding.step import empty_cache, right_aligned
 
     backbone = tiny_backbone(seed=9, num_layers=12)
     batch, length, new = 4, 512, 8
@@ -328,7 +325,7 @@ def test_a_prefill_writes_its_stacked_cache_in_place():
 
     def prefill(tokens, cache):
         hidden, cache = forward_cached(backbone, tokens, cache, 0, key_mask)
-        return hidden, shift_positions(backbone, right_aligned(backbone, cache, padding, new), 3)
+        return hidden, right_aligned(backbone, cache, padding, new)
 
     compiled = jax.jit(prefill).lower(tokens, cache).compile()
     cache_bytes = sum(part.nbytes for part in cache)
@@ -360,7 +357,7 @@ def test_an_int8_step_equals_keras_int8_layers():
 
     expected, expected_cache = prefilled(backbone, tokens, cache, index, key_mask)  # keras's int8 layers
     expected_logits = backbone.token_embedding(expected, reverse=True)[:, 0, :]
-    logits, new_cache = forward_one(backbone, weights, tokens, to_head_major(cache), index, key_mask)
+    logits, new_cache = forward_one(backbone, weights, tokens, to_head_major(cache), index, first=jnp.arange(batch))
     np.testing.assert_allclose(np.asarray(logits), np.asarray(expected_logits), rtol=1e-4, atol=1e-4)
     for (k, v), (k_ref, v_ref) in zip(to_head_major(new_cache), expected_cache):
         np.testing.assert_allclose(np.asarray(k), np.asarray(k_ref), atol=1e-4)
