@@ -15,8 +15,6 @@ for a prefill here, 1.6 s unrolled), lowered and read from the cache or compiled
 Each program is compiled ahead of time (`jax.jit(...).trace(...).lower().compile()`) and held as
 that one executable: `jax.jit`'s own caches also kept each shape's traced and lowered forms,
 ~17 MiB a program more (13 programs of `gemma3-270m` held: 2,558 -> 2,338 MiB, measured here).
-The compiler's working memory is handed back to the system once a program is compiled: glibc kept
-it, and a worker rested at its last compile's peak (a prefill's compile: +65-127 MiB of RSS kept).
 """
 
 from __future__ import annotations
@@ -27,8 +25,6 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
-
-from pipeline.model.environment import release_freed_memory
 
 MAX_PROGRAMS = 8
 """Programs a decoder holds at once: the shapes a steady stream meets most stay compiled."""
@@ -67,7 +63,6 @@ class Program:
         if compiled is None:  # a function of its own: jax's caches of its traces go with it
             jitted = jax.jit(functools.partial(self.function), **self.options)
             compiled = jitted.trace(*args, **static).lower().compile()
-            release_freed_memory()  # the compiler's working memory (see below)
         held[key] = compiled  # the most recently used last
         while len(held) > self.programs.limit:
             held.popitem(last=False)
