@@ -196,7 +196,18 @@ class OnePassDecoder:
         prompts: the longest prompt's length bucket, its label and the summary cue (a row's tokens
         take `decoding_steps` more). One loop program per batch bucket, not one per length bucket
         too (each ~80 MiB held for Gemma 3 270M)."""
-        return bucket(self.max_prompt_tokens, LENGTH_BUCKETS) + 1 + len(self.vocabulary.summary_cue)
+        return bucket(self.max_prompt_tokens, LENGTH_BUCKETS) + self.head
+
+    @property
+    def head(self) -> int:
+        """The positions after a prompt before its first decoded token: its label and the summary cue."""
+        return 1 + len(self.vocabulary.summary_cue)
+
+    @property
+    def loop_width(self) -> int:
+        """The positions a row of the decoding loop takes at most: its prompt and its tokens (the
+        global layers' ring, `step.slot_positions`)."""
+        return self.decoding_width + self.decoding_steps
 
     def _tokenize(self, text: str) -> list[int]:
         return token_ids(self.tokenizer, text)
@@ -403,28 +414,26 @@ class OnePassDecoder:
         with self._lock:
             for start in range(0, len(windows), LOOP_CHATS):
                 rows = slice(start, start + LOOP_CHATS)
-                outputs += self._run_batch(prompts[rows], wants[rows], label_only)
+                outputs += self._labels(prompts[rows]) if label_only else self._run_batch(prompts[rows], wants[rows])
                 release_freed_memory()  # the loop's working memory, not kept until the next one
         return [ChatOutput(truncated=c, **out) for c, out in zip(cut, outputs)]
 
-    def _run_batch(self, prompts: Sequence[list[int]], wants: Sequence[str], label_only: bool = False) -> list[dict]:
+    def _run_batch(self, prompts: Sequence[list[int]], wants: Sequence[str]) -> list[dict]:
         """Every chat through `decoding_rows` rows side by side (`loop_rows.py`): the shortest
         prompts join first, the rest as rows finish (prompts of similar lengths join together, fewer
         padded tokens), each group prefilled into its rows (`_join`); the loop runs until its rows
         are done or half of them are free while chats wait."""
-        if label_only:
-            return self._labels(prompts)
         state = self._state()
-        steps, width = self.decoding_steps, self.decoding_width + self.decoding_steps  # a row's positions at most
+        steps = self.decoding_steps
         size = min(bucket(len(prompts), BATCH_BUCKETS), self.decoding_rows)
         texts = [self._decode(prompt) for prompt in prompts]
         candidates = self._candidates(prompts, texts)
         numbers = grounding.number_table(texts) if self.ground_numbers else None
         waiting = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
         # the first chats' prompts end where the longest's does (its length bucket, label and summary cue)
-        start = bucket(len(prompts[waiting[:size][-1]]), LENGTH_BUCKETS) + 1 + len(self.vocabulary.summary_cue)
+        start = bucket(len(prompts[waiting[:size][-1]]), LENGTH_BUCKETS) + self.head
         rows = LoopRows.empty(size, steps, self.ground_numbers, position=start)
-        cache = empty_decoding_cache(self.backbone, size, width, self.lm.compute_dtype)
+        cache = empty_decoding_cache(self.backbone, size, self.loop_width, self.lm.compute_dtype)
         logits = jnp.zeros((size, candidates[0].shape[0]), "float32")
         results: list[dict] = [{} for _ in prompts]
         weights = self._weights(state)
@@ -451,24 +460,11 @@ class OnePassDecoder:
         similar lengths (`prefill_groups`) into those rows of the loop's cache, their label
         probabilities in `results`, their first logits in `logits`. Returns the cache and logits."""
         bias = np.asarray(self.calibration.bias, "float32")
-        shared = self._preamble_for(state, prompts)
-
-        def held(batch: int, width: int) -> bool:  # is a prefill of this shape compiled (the batch's preamble)?
-            preamble, start = shared
-            rest = jax.ShapeDtypeStruct((batch, width - start), "int32")
-            return self._prefill.holds(state, preamble, rest, jax.ShapeDtypeStruct(rest.shape, bool), bias, cache,
-                                       jax.ShapeDtypeStruct((batch,), "int32"), np.int32(0), label_only=False)
-
         places = iter(free)
-        for group in prefill_groups([len(p) for p in prompts], self.prefill_overhead, held, self.reload_cost,
-                                    max_batch=PREFILL_ROWS):
-            group_prompts = [prompts[i] for i in group]
-            preamble, start = self._preamble_for(state, group_prompts)
-            width = bucket(max(map(len, group_prompts)), LENGTH_BUCKETS)  # the group's prompts end here
-            ids, mask = padded_rows([row[start:] for row in group_prompts], length=width - start)
+        for group in self._groups(state, prompts, bias, cache, max_batch=PREFILL_ROWS):
+            preamble, ids, mask = self._group_inputs(state, [prompts[i] for i in group], label_only=False)
             targets = np.full(ids.shape[0], rows.chat.shape[0], "int32")  # padding rows: past the cache
             targets[: len(group)] = [next(places) for _ in group]
-            self._note(f"one-pass prefill batch={ids.shape[0]} length={width}{' whole' if not start else ''}")
             label_logits, first, cache = self._prefill(state, preamble, ids, mask, bias, cache, targets,
                                                        np.int32(rows.position), label_only=False)
             label_logits = np.asarray(label_logits)[: len(group)]
@@ -481,8 +477,7 @@ class OnePassDecoder:
                     group, targets, label_logits, self.calibration.probabilities(label_logits), negative):
                 chat = chats[i]
                 results[chat] = self._label_result(probabilities, raw)
-                head = 1 + len(self.vocabulary.summary_cue)  # its label and the summary cue
-                rows.join(row, chat, rows.position - head - len(prompts[i]),
+                rows.join(row, chat, rows.position - self.head - len(prompts[i]),
                           wants[chat] == "all" or (wants[chat] == "negative" and bool(is_negative)),
                           None if numbers is None else numbers[chat])
         release_freed_memory()  # the prefills' working memory
@@ -493,25 +488,37 @@ class OnePassDecoder:
         bias = np.asarray(self.calibration.bias, "float32")
         state = self._state()
         results: list[dict] = [{} for _ in prompts]
-        shared = self._preamble_for(state, prompts)
-
-        def held(batch: int, width: int) -> bool:
-            preamble, start = shared
-            rest = jax.ShapeDtypeStruct((batch, width - start), "int32")
-            return self._prefill.holds(state, preamble, rest, jax.ShapeDtypeStruct(rest.shape, bool), bias, None,
-                                       None, None, label_only=True)
-
-        for group in prefill_groups([len(p) for p in prompts], self.prefill_overhead, held, self.reload_cost):
-            rows = [prompts[i] for i in group]
-            preamble, start = self._preamble_for(state, rows)
-            width = bucket(max(map(len, rows)), LENGTH_BUCKETS)
-            ids, mask = padded_rows([row[start:] for row in rows], length=width - start)
-            self._note(f"one-pass prefill batch={ids.shape[0]} length={width} label{' whole' if not start else ''}")
+        for group in self._groups(state, prompts, bias):
+            preamble, ids, mask = self._group_inputs(state, [prompts[i] for i in group], label_only=True)
             label_logits = np.asarray(self._prefill(state, preamble, ids, mask, bias, None, None, None,
                                                     label_only=True)[0])
             for i, raw, probabilities in zip(group, label_logits, self.calibration.probabilities(label_logits)):
                 results[i] = self._label_result(probabilities, raw)
         return results
+
+    def _groups(self, state, prompts, bias, cache=None, max_batch: int = BATCH_BUCKETS[-1]) -> list[list[int]]:
+        """`prefill_groups` of these prompts, preferring shapes whose prefill is compiled (with the
+        prompts' preamble; writing into a decoding loop's `cache`, or the labels alone without one)."""
+        preamble, start = self._preamble_for(state, prompts)
+
+        def held(batch: int, width: int) -> bool:
+            rest = jax.ShapeDtypeStruct((batch, width - start), "int32")
+            loop = (None,) * 3 if cache is None else (cache, jax.ShapeDtypeStruct((batch,), "int32"), np.int32(0))
+            return self._prefill.holds(state, preamble, rest, jax.ShapeDtypeStruct(rest.shape, bool), bias, *loop,
+                                       label_only=cache is None)
+
+        return prefill_groups([len(p) for p in prompts], self.prefill_overhead, held, self.reload_cost,
+                              max_batch=max_batch)
+
+    def _group_inputs(self, state, prompts, label_only: bool) -> tuple:
+        """A prefill group's preamble as cached (`_preamble_for`) and its prompts' rests right-padded to
+        its length bucket (ids, mask)."""
+        preamble, start = self._preamble_for(state, prompts)
+        width = bucket(max(map(len, prompts)), LENGTH_BUCKETS)  # the group's prompts end here
+        ids, mask = padded_rows([row[start:] for row in prompts], length=width - start)
+        self._note(f"one-pass prefill batch={ids.shape[0]} length={width}{' label' if label_only else ''}"
+                   f"{' whole' if not start else ''}")
+        return preamble, ids, mask
 
     @staticmethod
     def _label_result(probabilities, label_logits) -> dict:
@@ -554,8 +561,7 @@ class OnePassDecoder:
         (`step.ring_layer_cache`; a row past the cache writes nothing); inside the prefill's program."""
         joined = []
         for layer, (k, v), (group_k, group_v) in zip(self.backbone.transformer_layers, cache, group):
-            group_k, group_v = ring_layer_cache(layer, group_k, group_v, self.decoding_width + self.decoding_steps,
-                                                position)
+            group_k, group_v = ring_layer_cache(layer, group_k, group_v, self.loop_width, position)
             joined.append((k.at[rows].set(group_k, mode="drop"), v.at[rows].set(group_v, mode="drop")))
         return tuple(joined)
 
